@@ -1,0 +1,251 @@
+"""The one typed configuration of checkpoint-sentinel.
+
+Every path, topic, URI, trigger and threshold lives here, not in code. Values come from, in order
+of precedence: ``SENTINEL_...`` environment variables, a YAML file (``--config``, ``$SENTINEL_CONFIG``
+or ``./sentinel.yaml`` when present), then the defaults below, which point at the embedded stack.
+
+Environment overrides name a key path with double underscores: ``SENTINEL_KAFKA__BOOTSTRAP_SERVERS``
+sets ``kafka.bootstrap_servers``; values are parsed as YAML scalars or flow collections, so
+``SENTINEL_KAFKA__CLIENT_OPTIONS='{security_protocol: SASL_SSL}'`` works. Unknown keys, in the file
+or in the environment, are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "SENTINEL_"
+# Variables with the prefix that are not key paths.
+ENV_RESERVED = {"SENTINEL_CONFIG"}
+DEFAULT_CONFIG_FILE = "sentinel.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and what is wrong."""
+
+
+class _Strict(BaseModel):
+    # Numbers are accepted for string keys because environment values are parsed as YAML.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+
+
+class KafkaConfig(_Strict):
+    bootstrap_servers: str = Field(
+        "127.0.0.1:19092", description="Comma-separated host:port list of the Kafka brokers."
+    )
+    client_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Passed through to every kafka-python client (and, prefixed with 'kafka.', to Spark's "
+            "native connector): security_protocol, sasl_mechanism, sasl_plain_username, "
+            "sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, client_id, ..."
+        ),
+    )
+    connector: Literal["python", "spark"] = Field(
+        "python",
+        description=(
+            "'python': the project's Python Data Source over kafka-python; 'spark': Spark's native "
+            "'kafka' format (needs spark-sql-kafka on the classpath)."
+        ),
+    )
+    topic_partitions: int = Field(3, ge=1, description="Partitions of topics that `sentinel up` creates.")
+    starting_offsets: str = Field("earliest", description="earliest, latest, or JSON {partition: offset}.")
+    max_offsets_per_trigger: int | None = Field(None, ge=1)
+    fail_on_data_loss: bool = True
+    connect_timeout_s: float = Field(
+        15.0, gt=0, description="How long to wait for the broker before saying it is unreachable."
+    )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _servers_have_ports(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("needs at least one host:port")
+        for server in servers:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"'{server}' is not host:port")
+        return ",".join(servers)
+
+    @property
+    def bootstrap_list(self) -> list[str]:
+        return self.bootstrap_servers.split(",")
+
+
+class TopicsConfig(_Strict):
+    input: str = "flink.metrics"
+    incidents: str = "flink.incidents"
+    dead_letter: str = "flink.metrics.dlq"
+
+
+class SparkConfig(_Strict):
+    master: str = "local[2]"
+    app_name: str = "checkpoint-sentinel"
+    checkpoint_location: Path = Field(
+        Path(".sentinel/checkpoints"),
+        description="Root folder; each query checkpoints in its own sub-folder named after it.",
+    )
+    trigger_interval: str = Field("5 seconds", description="Processing-time trigger of the live job.")
+    shuffle_partitions: int = Field(4, ge=1)
+    driver_memory: str = "2g"
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "WARN"
+    ui_enabled: bool = False
+    extra_conf: dict[str, str] = Field(default_factory=dict, description="Any other spark.* settings.")
+
+
+class ModelNames(_Strict):
+    state_leak: str = "sentinel-state-leak"
+    backpressure: str = "sentinel-backpressure"
+    skew: str = "sentinel-skew"
+    checkpoint_failure: str = "sentinel-checkpoint-failure"
+    anomaly: str = "sentinel-anomaly"
+
+
+class MlflowConfig(_Strict):
+    tracking_uri: str | None = Field(
+        None, description="Defaults to the embedded sqlite store under the state folder."
+    )
+    registry_uri: str | None = Field(None, description="Defaults to the tracking URI.")
+    artifact_root: Path | None = Field(None, description="Defaults to <state_dir>/mlflow/artifacts.")
+    experiment: str = "checkpoint-sentinel"
+    models: ModelNames = Field(default_factory=ModelNames)
+    alias: str = "champion"
+
+
+class StackConfig(_Strict):
+    """The embedded local stack that `sentinel up` starts (the broker listens on kafka.bootstrap_servers)."""
+
+    mlflow_host: str = "127.0.0.1"
+    mlflow_port: int = Field(15000, ge=1, le=65535)
+    start_mlflow_server: bool = True
+    startup_timeout_s: float = Field(60.0, gt=0)
+
+
+class SentinelConfig(_Strict):
+    state_dir: Path = Field(Path(".sentinel"), description="Project-local state: logs, PIDs, stores.")
+    kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    topics: TopicsConfig = Field(default_factory=TopicsConfig)
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    stack: StackConfig = Field(default_factory=StackConfig)
+
+    def resolved(self, base_dir: Path) -> "SentinelConfig":
+        """Make relative paths absolute against ``base_dir`` and fill the derived defaults."""
+        cfg = self.model_copy(deep=True)
+        cfg.state_dir = _absolute(cfg.state_dir, base_dir)
+        cfg.spark.checkpoint_location = _absolute(cfg.spark.checkpoint_location, base_dir)
+        mlflow_dir = cfg.state_dir / "mlflow"
+        cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
+        if cfg.mlflow.tracking_uri is None:
+            cfg.mlflow.tracking_uri = f"sqlite:///{mlflow_dir / 'mlflow.db'}"
+        if cfg.mlflow.registry_uri is None:
+            cfg.mlflow.registry_uri = cfg.mlflow.tracking_uri
+        return cfg
+
+    def checkpoint_dir(self, query_name: str) -> Path:
+        """Each streaming query gets its own checkpoint folder: sharing one corrupts both."""
+        return Path(self.spark.checkpoint_location) / query_name
+
+
+def _absolute(path: Path, base_dir: Path) -> Path:
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else (base_dir / path).resolve()
+
+
+def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """Turn ``SENTINEL_A__B=value`` variables into a nested dict ``{"a": {"b": value}}``."""
+    overrides: dict[str, Any] = {}
+    names: list[str] = []
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in ENV_RESERVED:
+            continue
+        path = [part.lower() for part in name[len(ENV_PREFIX):].split("__")]
+        if not all(path):
+            raise ConfigError(f"{name}: an empty key in the path (use single names joined by '__')")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not a valid YAML value ({exc})") from exc
+        node = overrides
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: conflicts with another SENTINEL_ variable")
+        node[path[-1]] = value
+        names.append(name)
+    return overrides, names
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _format_validation_error(exc: ValidationError, origin: str) -> str:
+    lines = [f"invalid configuration ({origin}):"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "<root>"
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see pipelines/config.py for the keys)"
+        else:
+            message = error["msg"]
+            if "input" in error and not isinstance(error["input"], dict):
+                message += f" (got {error['input']!r})"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> SentinelConfig:
+    """Load the YAML file (if any), apply environment overrides, validate and resolve paths.
+
+    ``path`` None means ``$SENTINEL_CONFIG``, else ``./sentinel.yaml`` if it exists, else defaults only.
+    Relative paths in the config are resolved against the config file's folder (or the current
+    folder when there is no file). Raises :class:`ConfigError` with every offending key.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = path or environ.get("SENTINEL_CONFIG")
+    file_path: Path | None = None
+    if explicit:
+        file_path = Path(explicit).expanduser()
+        if not file_path.is_file():
+            raise ConfigError(f"config file {file_path} does not exist")
+    elif Path(DEFAULT_CONFIG_FILE).is_file():
+        file_path = Path(DEFAULT_CONFIG_FILE)
+
+    data: dict[str, Any] = {}
+    origins = []
+    if file_path is not None:
+        try:
+            loaded = yaml.safe_load(file_path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file_path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file_path} must hold a mapping of keys, not {type(loaded).__name__}")
+        data = loaded
+        origins.append(str(file_path))
+    overrides, env_names = _env_overrides(environ)
+    if env_names:
+        origins.append("environment: " + ", ".join(env_names))
+    data = _deep_merge(data, overrides)
+    try:
+        config = SentinelConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, "; ".join(origins) or "defaults")) from None
+    if base_dir is None:
+        base_dir = file_path.resolve().parent if file_path is not None else Path.cwd()
+    return config.resolved(base_dir)

@@ -1,0 +1,180 @@
+"""kafka-python clients built from the config, and the offset queries the Spark source needs.
+
+This is the only module that knows how to talk to the broker; everything else asks it for a
+producer, a consumer or offsets. Client options from ``kafka.client_options`` (security protocol,
+SASL, TLS, ...) are passed through unchanged.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Iterable, Mapping
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+
+# kafka-python accepts these option names; a mapping of Spark-style ('security.protocol') names
+# lets users copy settings from a Spark/Java Kafka config.
+_OPTION_ALIASES = {"security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism"}
+
+
+class KafkaUnavailable(RuntimeError):
+    """The broker could not be reached; the message says what to check."""
+
+
+def normalise_client_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    normalised = {}
+    for key, value in options.items():
+        key = _OPTION_ALIASES.get(key, key.replace(".", "_"))
+        normalised[key] = value
+    return normalised
+
+
+def _common(bootstrap_servers: str | list[str], client_options: Mapping[str, Any]) -> dict[str, Any]:
+    servers = bootstrap_servers.split(",") if isinstance(bootstrap_servers, str) else list(bootstrap_servers)
+    return {"bootstrap_servers": servers, **normalise_client_options(client_options)}
+
+
+def _unreachable(bootstrap_servers: Any, exc: Exception) -> KafkaUnavailable:
+    return KafkaUnavailable(
+        f"Kafka at {bootstrap_servers} is unreachable ({type(exc).__name__}: {exc}). "
+        "Start the embedded broker with `sentinel up`, or set kafka.bootstrap_servers "
+        "(SENTINEL_KAFKA__BOOTSTRAP_SERVERS) and kafka.client_options to a reachable cluster."
+    )
+
+
+def make_consumer(
+    bootstrap_servers: str | list[str], client_options: Mapping[str, Any] = {}, **overrides: Any
+) -> KafkaConsumer:
+    """A group-less consumer for manual assignment (the Spark checkpoint owns offsets, not Kafka)."""
+    kwargs = {
+        "group_id": None,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "none",
+        **_common(bootstrap_servers, client_options),
+        **overrides,
+    }
+    try:
+        return KafkaConsumer(**kwargs)
+    except KafkaTimeoutError as exc:
+        raise _unreachable(bootstrap_servers, exc) from exc
+
+
+def make_producer(
+    bootstrap_servers: str | list[str], client_options: Mapping[str, Any] = {}, **overrides: Any
+) -> KafkaProducer:
+    kwargs = {
+        "acks": "all",
+        "linger_ms": 5,
+        "retries": 5,
+        **_common(bootstrap_servers, client_options),
+        **overrides,
+    }
+    try:
+        return KafkaProducer(**kwargs)
+    except KafkaTimeoutError as exc:
+        raise _unreachable(bootstrap_servers, exc) from exc
+
+
+def make_admin(bootstrap_servers: str | list[str], client_options: Mapping[str, Any] = {}) -> KafkaAdminClient:
+    try:
+        return KafkaAdminClient(**_common(bootstrap_servers, client_options))
+    except KafkaTimeoutError as exc:
+        raise _unreachable(bootstrap_servers, exc) from exc
+
+
+def check_reachable(bootstrap_servers: str, timeout_s: float) -> None:
+    """Fail fast with a clear message when no bootstrap server accepts a TCP connection.
+
+    kafka-python would otherwise retry for its whole api-version timeout and report only
+    ``NoBrokersAvailable``; a plain socket check gives a bounded, explicit answer first.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
+    while True:
+        for server in bootstrap_servers.split(","):
+            host, _, port = server.rpartition(":")
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=min(2.0, timeout_s)):
+                    return
+            except OSError as exc:
+                last_error = exc
+        if time.monotonic() >= deadline:
+            raise _unreachable(bootstrap_servers, last_error or OSError("no address"))
+        time.sleep(0.25)
+
+
+def ensure_topics(
+    bootstrap_servers: str, client_options: Mapping[str, Any], topics: Iterable[str], partitions: int
+) -> list[str]:
+    """Create the topics that do not exist yet; returns the ones created."""
+    admin = make_admin(bootstrap_servers, client_options)
+    try:
+        existing = set(admin.list_topics())
+        missing = [t for t in dict.fromkeys(topics) if t not in existing]
+        if missing:
+            try:
+                admin.create_topics([NewTopic(t, partitions, 1) for t in missing])
+            except TopicAlreadyExistsError:
+                pass  # created concurrently: the goal is reached
+        return missing
+    finally:
+        admin.close()
+
+
+def partitions_of(consumer: KafkaConsumer, topic: str, timeout_s: float = 30.0) -> list[int]:
+    """The topic's partition ids; waits for metadata, fails clearly if the topic does not exist."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return sorted(found)
+        if time.monotonic() >= deadline:
+            raise KafkaError(f"topic {topic!r} does not exist (or has no partitions) on the broker")
+        time.sleep(0.2)
+
+
+def earliest_offsets(consumer: KafkaConsumer, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    tps = [TopicPartition(topic, p) for p in partitions]
+    return {tp.partition: offset for tp, offset in consumer.beginning_offsets(tps).items()}
+
+
+def latest_offsets(
+    consumer: KafkaConsumer, topic: str, partitions: Iterable[int], timeout_s: float = 10.0
+) -> dict[int, int]:
+    """The end (high-watermark) offset of each partition.
+
+    ``ListOffsets(latest)`` can come back short on some Kafka-compatible brokers (Tansu reports the
+    base offset of the last batch), while the high-watermark in a fetch response is exact. So we
+    ask ListOffsets first, then fetch from there with a tiny size limit and take the larger of
+    the two. Assignments are reset first because kafka-python keeps a stale high-watermark
+    across re-assignment of the same partition.
+    """
+    tps = [TopicPartition(topic, p) for p in partitions]
+    listed = consumer.end_offsets(tps)
+    consumer.assign([])
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, listed[tp])
+    deadline = time.monotonic() + timeout_s
+    while any(consumer.highwater(tp) is None for tp in tps) and time.monotonic() < deadline:
+        consumer.poll(timeout_ms=100)
+    result = {}
+    for tp in tps:
+        highwater = consumer.highwater(tp)
+        result[tp.partition] = max(listed[tp], highwater if highwater is not None else -1)
+    consumer.assign([])
+    return result
+
+
+def metadata_consumer(bootstrap_servers: str, client_options: Mapping[str, Any]) -> KafkaConsumer:
+    """A consumer for offset queries: small, fast fetches so a high-watermark comes back at once."""
+    return make_consumer(
+        bootstrap_servers,
+        client_options,
+        fetch_max_wait_ms=10,
+        max_partition_fetch_bytes=1024,
+        fetch_max_bytes=64 * 1024,
+    )

@@ -1,0 +1,80 @@
+"""The local Spark session: Java check, Python workers pinned to this interpreter, our data source.
+
+Users never set ``PYSPARK_PYTHON``: the driver and its workers run the interpreter that runs this
+code (the project's ``.venv``), so the workers can import the project's packages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from pyspark.sql import SparkSession
+
+from pipelines.config import SentinelConfig
+from pipelines.io.kafka_source import KafkaDataSource
+
+REQUIRED_JAVA_MAJOR = 17
+
+
+class JavaMissing(RuntimeError):
+    """No suitable Java runtime for Spark."""
+
+
+def java_major_version(java: str) -> int:
+    output = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    if not match:
+        raise JavaMissing(f"could not read the version of {java}: {output.strip()[:200]}")
+    major = int(match.group(1))
+    return int(match.group(2)) if major == 1 else major  # "1.8.0" style
+
+
+def ensure_java() -> str:
+    """Return the java executable Spark will use, or raise with what to install."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise JavaMissing(
+            f"Spark needs Java {REQUIRED_JAVA_MAJOR}, and none was found"
+            f"{' at $JAVA_HOME=' + java_home if java_home else ' on PATH'}. "
+            "Install it (Debian/Ubuntu: `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+        )
+    major = java_major_version(java)
+    if major < REQUIRED_JAVA_MAJOR:
+        raise JavaMissing(
+            f"Spark 4 needs Java {REQUIRED_JAVA_MAJOR} or newer; {java} is Java {major}. "
+            "Install openjdk-17 and point JAVA_HOME at it."
+        )
+    return java
+
+
+def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
+    """Get or create the session described by ``config.spark``, with the Kafka data source registered."""
+    ensure_java()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark_cfg = config.spark
+    builder = (
+        SparkSession.builder.master(spark_cfg.master)
+        .appName(spark_cfg.app_name + (f"-{app_suffix}" if app_suffix else ""))
+        .config("spark.sql.shuffle.partitions", str(spark_cfg.shuffle_partitions))
+        .config("spark.driver.memory", spark_cfg.driver_memory)
+        .config("spark.ui.enabled", str(spark_cfg.ui_enabled).lower())
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.ui.showConsoleProgress", "false")
+        # Keep Spark's own scratch files inside the project state folder, not /tmp at random.
+        .config("spark.local.dir", str(config.state_dir / "spark-local"))
+        .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
+        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
+    )
+    for key, value in spark_cfg.extra_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(spark_cfg.log_level)
+    spark.dataSource.register(KafkaDataSource)
+    return spark
