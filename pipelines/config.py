@@ -6,7 +6,8 @@ or ``./sentinel.yaml`` when present), then the defaults below, which point at th
 
 Environment overrides name a key path with double underscores: ``SENTINEL_KAFKA__BOOTSTRAP_SERVERS``
 sets ``kafka.bootstrap_servers``; values are parsed as YAML scalars or flow collections, so
-``SENTINEL_KAFKA__CLIENT_OPTIONS='{security_protocol: SASL_SSL}'`` works. Unknown keys, in the file
+``SENTINEL_KAFKA__CLIENT_OPTIONS='{security_protocol: SASL_SSL}'`` works (a mapping merges into the
+file's mapping key by key). Unknown keys, in the file
 or in the environment, are errors that name the key.
 """
 
@@ -58,7 +59,7 @@ class KafkaConfig(_Strict):
     max_offsets_per_trigger: int | None = Field(None, ge=1)
     fail_on_data_loss: bool = True
     connect_timeout_s: float = Field(
-        15.0, gt=0, description="How long to wait for the broker before saying it is unreachable."
+        15.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing."
     )
 
     @field_validator("bootstrap_servers")
@@ -76,6 +77,10 @@ class KafkaConfig(_Strict):
     @property
     def bootstrap_list(self) -> list[str]:
         return self.bootstrap_servers.split(",")
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Options for every kafka-python client: the pass-through ones plus a bounded bootstrap."""
+        return {"bootstrap_timeout_ms": int(self.connect_timeout_s * 1000), **self.client_options}
 
 
 class TopicsConfig(_Strict):

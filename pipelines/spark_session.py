@@ -78,3 +78,13 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
     spark.sparkContext.setLogLevel(spark_cfg.log_level)
     spark.dataSource.register(KafkaDataSource)
     return spark
+
+
+if __name__ == "__main__":  # `python -m pipelines.spark_session`: the Java check `make` runs first
+    import sys as _sys
+
+    try:
+        print(f"java: {ensure_java()} (Java {java_major_version(ensure_java())})")
+    except JavaMissing as exc:
+        print(f"error: {exc}", file=_sys.stderr)
+        _sys.exit(1)

@@ -67,7 +67,10 @@ def make_producer(
 ) -> KafkaProducer:
     kwargs = {
         "acks": "all",
-        "linger_ms": 5,
+        # Throughput over latency: metrics arrive every few seconds, and kafka-python is
+        # ~40% faster with larger batches (measured in benchmarks/kafka_io.py).
+        "linger_ms": 20,
+        "batch_size": 256 * 1024,
         "retries": 5,
         **_common(bootstrap_servers, client_options),
         **overrides,
@@ -178,3 +181,25 @@ def metadata_consumer(bootstrap_servers: str, client_options: Mapping[str, Any])
         max_partition_fetch_bytes=1024,
         fetch_max_bytes=64 * 1024,
     )
+
+
+def read_records(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -> list:
+    """Every record of ``topic`` from the beginning up to its current end, partition by partition.
+
+    For checks, tools and tests; the streaming job reads through the Spark source instead.
+    Raises ``TimeoutError`` if the records below the end offsets do not arrive in time.
+    """
+    partitions = partitions_of(consumer, topic)
+    end = latest_offsets(consumer, topic, partitions)
+    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer.assign(tps)
+    consumer.seek_to_beginning(*tps)
+    records: list = []
+    deadline = time.monotonic() + timeout_s
+    while any(consumer.position(tp) < end[tp.partition] for tp in tps):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {topic} up to {end} took longer than {timeout_s:.0f}s")
+        for batch in consumer.poll(timeout_ms=500).values():
+            records.extend(r for r in batch if r.offset < end[r.partition])
+    consumer.assign([])
+    return records

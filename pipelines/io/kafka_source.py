@@ -20,6 +20,7 @@ Options (all strings, as Spark passes them):
 ``failOnDataLoss``       ``true`` (default): stop when offsets were deleted or a topic was reset
 ``clientOptions``        JSON object passed to every kafka-python client (security, SASL, TLS, ...)
 ``pollTimeoutMs``        how long a task waits for records it knows exist (default 120000)
+``metadataTimeoutMs``    how long the driver waits for the topic's metadata (default 30000)
 =======================  ==========================================================================
 """
 
@@ -158,6 +159,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError("option 'maxOffsetsPerTrigger' must be >= 1")
         self.fail_on_data_loss = _flag(options, "failOnDataLoss", True)
         self.poll_timeout_s = float(options.get("pollTimeoutMs", "120000")) / 1000.0
+        self.metadata_timeout_s = float(options.get("metadataTimeoutMs", "30000")) / 1000.0
         self._consumer = None
         self._available_now_target: dict[str, int] | None = None
         self._last_latest: dict[str, int] | None = None
@@ -171,7 +173,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._consumer
 
     def _partitions(self) -> list[int]:
-        return kafka_clients.partitions_of(self.consumer, self.topic)
+        return kafka_clients.partitions_of(self.consumer, self.topic, self.metadata_timeout_s)
 
     def _bounds(self) -> tuple[dict[int, int], dict[int, int]]:
         partitions = self._partitions()

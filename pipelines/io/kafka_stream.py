@@ -33,7 +33,8 @@ def _format_and_options(config: SentinelConfig) -> tuple[str, dict[str, str]]:
         return "kafka", {"kafka.bootstrap.servers": kafka.bootstrap_servers, **_native_client_options(config)}
     return FORMAT_NAME, {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "clientOptions": json.dumps(kafka.client_options),
+        "clientOptions": json.dumps(kafka.client_kwargs()),
+        "metadataTimeoutMs": str(int(kafka.connect_timeout_s * 1000)),
     }
 
 

@@ -1,0 +1,113 @@
+from pathlib import Path
+
+import pytest
+
+from pipelines.config import ConfigError, load_config
+
+
+def test_defaults_point_at_the_embedded_stack(tmp_path):
+    config = load_config(environ={}, base_dir=tmp_path)
+    assert config.kafka.bootstrap_servers == "127.0.0.1:19092"
+    assert (config.topics.input, config.topics.incidents, config.topics.dead_letter) == (
+        "flink.metrics", "flink.incidents", "flink.metrics.dlq",
+    )
+    assert config.state_dir == tmp_path / ".sentinel"
+    assert config.spark.checkpoint_location == tmp_path / ".sentinel" / "checkpoints"
+    assert config.mlflow.tracking_uri == f"sqlite:///{tmp_path / '.sentinel' / 'mlflow' / 'mlflow.db'}"
+    assert config.mlflow.registry_uri == config.mlflow.tracking_uri
+    assert config.mlflow.models.state_leak == "sentinel-state-leak"
+    assert config.mlflow.alias == "champion"
+    assert config.checkpoint_dir("detector") == tmp_path / ".sentinel" / "checkpoints" / "detector"
+
+
+def test_yaml_file_then_environment_overrides(tmp_path):
+    path = tmp_path / "conf" / "prod.yaml"
+    path.parent.mkdir()
+    path.write_text(
+        "kafka:\n"
+        "  bootstrap_servers: kafka-1:9092,kafka-2:9092\n"
+        "  client_options: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN}\n"
+        "topics: {input: prod.flink.metrics}\n"
+        "spark: {checkpoint_location: ckpt, shuffle_partitions: 8}\n"
+        "mlflow: {tracking_uri: 'http://mlflow:5000', alias: champion}\n"
+    )
+    config = load_config(
+        path,
+        environ={"SENTINEL_SPARK__SHUFFLE_PARTITIONS": "16", "SENTINEL_TOPICS__INCIDENTS": "prod.incidents",
+                 "SENTINEL_KAFKA__CLIENT_OPTIONS": "{security_protocol: SSL, ssl_cafile: /etc/ca.pem}"},
+    )
+    assert config.kafka.bootstrap_list == ["kafka-1:9092", "kafka-2:9092"]
+    # A mapping from the environment merges into the file's, key by key.
+    assert config.kafka.client_options == {
+        "security_protocol": "SSL", "sasl_mechanism": "PLAIN", "ssl_cafile": "/etc/ca.pem",
+    }
+    assert config.topics.input == "prod.flink.metrics"
+    assert config.topics.incidents == "prod.incidents"
+    assert config.topics.dead_letter == "flink.metrics.dlq"
+    assert config.spark.shuffle_partitions == 16
+    # Relative paths are relative to the config file's folder.
+    assert config.spark.checkpoint_location == path.parent / "ckpt"
+    assert config.mlflow.tracking_uri == config.mlflow.registry_uri == "http://mlflow:5000"
+
+
+def test_sentinel_config_variable_names_the_file(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("topics: {input: from-env-file}\n")
+    assert load_config(environ={"SENTINEL_CONFIG": str(path)}).topics.input == "from-env-file"
+
+
+def test_client_kwargs_bound_the_bootstrap_wait(tmp_path):
+    config = load_config(environ={"SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "2.5",
+                                  "SENTINEL_KAFKA__CLIENT_OPTIONS": "{client_id: sentinel}"}, base_dir=tmp_path)
+    assert config.kafka.client_kwargs() == {"bootstrap_timeout_ms": 2500, "client_id": "sentinel"}
+
+
+def test_numeric_looking_strings_from_the_environment_stay_strings(tmp_path):
+    config = load_config(environ={"SENTINEL_MLFLOW__ALIAS": "2024"}, base_dir=tmp_path)
+    assert config.mlflow.alias == "2024"
+
+
+@pytest.mark.parametrize(
+    "yaml_text, expected",
+    [
+        ("kafka: {bootstrap_server: x:1}\n", "kafka.bootstrap_server: unknown key"),
+        ("spark: {shuffle_partitions: 0}\n", "spark.shuffle_partitions: Input should be greater than or equal to 1"),
+        ("kafka: {bootstrap_servers: 'kafka-1'}\n", "kafka.bootstrap_servers: Value error, 'kafka-1' is not host:port"),
+        ("kafka: {connector: jvm}\n", "kafka.connector: Input should be 'python' or 'spark'"),
+        ("- just\n- a list\n", "must hold a mapping of keys"),
+    ],
+)
+def test_bad_file_names_the_key_and_the_problem(tmp_path, yaml_text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path, environ={})
+    assert expected in str(error.value)
+
+
+def test_unknown_environment_key_is_named(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(environ={"SENTINEL_KAFKA__BOOTSTRAP": "x:1"}, base_dir=tmp_path)
+    message = str(error.value)
+    assert "kafka.bootstrap: unknown key" in message
+    assert "SENTINEL_KAFKA__BOOTSTRAP" in message
+
+
+def test_missing_config_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml", environ={})
+
+
+def test_every_error_is_reported_at_once(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        load_config(environ={"SENTINEL_SPARK__SHUFFLE_PARTITIONS": "-1", "SENTINEL_KAFKA__TOPIC_PARTITIONS": "zero"},
+                    base_dir=Path(tmp_path))
+    assert "spark.shuffle_partitions" in str(error.value)
+    assert "kafka.topic_partitions" in str(error.value)
+
+
+def test_the_documented_example_file_is_the_defaults():
+    from tests.conftest import PROJECT_ROOT
+
+    example = PROJECT_ROOT / "infra" / "sentinel.example.yaml"
+    assert load_config(example, environ={}) == load_config(environ={}, base_dir=example.parent)
