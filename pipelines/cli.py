@@ -58,6 +58,54 @@ def _cmd_selfcheck(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0 if result.ok else EXIT_FAILED
 
 
+def _cmd_simulate(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipelines import simulator
+    from pipelines.simulator.scenarios import CATALOGUE
+
+    if args.list:
+        for name, scenario in CATALOGUE.items():
+            duration = f"{scenario.default_duration_ms // 60_000} min"
+            print(f"{name:<28} {scenario.family or 'healthy':<19} {duration:>8}  {scenario.description}")
+        return 0
+    duration = simulator.parse_duration(args.duration) if args.duration else None
+    names = args.scenario or list(CATALOGUE)
+    if args.dataset:
+        manifest = simulator.write_dataset(Path(args.dataset), [n for n, _ in simulator.parse_mix(names)],
+                                           args.jobs_per_scenario, args.seed, duration)
+        for split, info in manifest["splits"].items():
+            print(f"{split:<10} {info['jobs']:>4} jobs {info['events']:>9} events  {Path(args.dataset) / split}")
+        return 0
+    if not (args.out or args.kafka):
+        raise simulator.SimulationError("say where the events go: --out FILE.jsonl, --kafka or --dataset DIR")
+    mix = simulator.parse_mix(names)
+    if args.fleet:
+        jobs = simulator.fleet(args.fleet, mix, args.seed, duration)
+    else:
+        jobs = [simulator.simulate_job(name, args.seed, index, duration) for index, (name, _) in enumerate(mix)]
+    truth_path = Path(args.truth) if args.truth else (Path(args.out).with_suffix(".ground_truth.jsonl") if args.out else None)
+    if truth_path:
+        simulator.write_jsonl(truth_path, (job.truth for job in jobs))
+    if args.out:
+        count = simulator.write_jsonl(Path(args.out), simulator.merged_events(jobs))
+        print(f"wrote {count} events of {len(jobs)} jobs to {args.out}; ground truth in {truth_path}")
+        return 0
+    from datetime import datetime, timezone
+
+    from pipelines.simulator.publish import publish_to_kafka
+
+    def progress(sent: int, ts: int) -> None:
+        print(f"  {sent} events published, event time {datetime.fromtimestamp(ts / 1000, timezone.utc):%Y-%m-%d %H:%M:%S}", flush=True)
+
+    speed = None if args.max_speed else args.speed
+    print(f"publishing {len(jobs)} jobs to {config.topics.input} at {config.kafka.bootstrap_servers}"
+          f" ({'as fast as possible' if speed is None else f'{speed:g}x event time'})", flush=True)
+    count = publish_to_kafka(simulator.merged_events(jobs), config, speed, progress)
+    print(f"published {count} events" + (f"; ground truth in {truth_path}" if truth_path else ""))
+    return 0
+
+
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     from infra.embedded_stack import EmbeddedStack
 
@@ -89,6 +137,24 @@ def build_parser() -> argparse.ArgumentParser:
     selfcheck.add_argument("--events", type=int, default=3000)
     selfcheck.set_defaults(handler=_cmd_selfcheck)
 
+    simulate = commands.add_parser("simulate", help="labelled Flink metric streams: to a file, to Kafka, or a dataset")
+    simulate.add_argument("--list", action="store_true", help="show the scenario catalogue")
+    simulate.add_argument("--scenario", action="append", metavar="NAME[:WEIGHT]",
+                          help="scenario to run (repeatable; default: all); weights set the --fleet mix")
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--duration", help="event time to simulate per job, e.g. 2h, 30m (default: the scenario's)")
+    pace = simulate.add_mutually_exclusive_group()
+    pace.add_argument("--speed", type=float, default=1.0, help="with --kafka: event-time seconds per second (default 1)")
+    pace.add_argument("--max-speed", action="store_true", help="with --kafka: publish as fast as possible")
+    target = simulate.add_mutually_exclusive_group()
+    target.add_argument("--out", metavar="FILE.jsonl", help="write events (and FILE.ground_truth.jsonl)")
+    target.add_argument("--kafka", action="store_true", help="publish to the input topic of the config")
+    target.add_argument("--dataset", metavar="DIR", help="write a labelled dataset split into train/validation/test by job")
+    simulate.add_argument("--truth", metavar="FILE", help="where to write the ground truth (JSON lines)")
+    simulate.add_argument("--fleet", type=int, metavar="N", help="N concurrent jobs drawn from the scenario mix")
+    simulate.add_argument("--jobs-per-scenario", type=int, default=5, help="with --dataset (default 5)")
+    simulate.set_defaults(handler=_cmd_simulate)
+
     demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack and the main job")
     demo.add_argument("--events", type=int, default=3000)
     demo.set_defaults(handler=_cmd_demo)
@@ -96,12 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors that mean 'fix your setup', printed without a traceback."""
+    """Errors that mean 'fix your setup' (exit 1), printed without a traceback."""
     from infra.embedded_stack import StackError
     from pipelines.io.kafka_clients import KafkaUnavailable
     from pipelines.spark_session import JavaMissing
 
-    return (ConfigError, StackError, KafkaUnavailable, JavaMissing)
+    return (StackError, KafkaUnavailable, JavaMissing)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,11 +177,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     handler: Callable[[SentinelConfig, argparse.Namespace], int] = args.handler
+    from pipelines.simulator import SimulationError
+
     try:
         config = load_config(args.config)
         return handler(config, args)
-    except ConfigError as exc:
-        print(f"sentinel: {exc}", file=sys.stderr)
+    except (ConfigError, SimulationError) as exc:
+        print(f"sentinel {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except _user_errors() as exc:
         print(f"sentinel {args.command}: {exc}", file=sys.stderr)

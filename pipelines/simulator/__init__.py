@@ -1,0 +1,184 @@
+"""Labelled, deterministic Flink metric streams for training, tests and demos.
+
+>>> job = simulate_job("leak_seed000", seed=1)
+>>> [round(e["state_size_bytes"] / 2**20, 1) for e in job.events if e["kind"] == "checkpoint"][:9]
+[11.3, 20.9, 30.6, 41.4, 52.6, 62.5, 71.5, 83.3, 93.5]
+>>> job.truth["faults"][0]["family"]
+'state_leak'
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from pipelines.simulator.job import JobSimulation
+from pipelines.simulator.scenarios import CATALOGUE, Scenario
+
+DEFAULT_START_TS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+SPLITS = ("train", "validation", "test")
+
+
+class SimulationError(ValueError):
+    """Bad simulator parameters; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SimulatedJob:
+    events: list[dict]
+    truth: dict  # the job's ground truth: scenario, expected family, labelled faults
+
+
+def parse_duration(text: str) -> int:
+    """``"2h"``, ``"30m"``, ``"90s"``, ``"1h30m"``, ``"500ms"`` -> milliseconds."""
+    parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?(?:ms|h|m|s)\s*)+)", text or "")
+    if not parts:
+        raise SimulationError(f"duration {text!r} is not like 2h, 30m, 90s or 1h30m")
+    units = {"h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
+    total = sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text))
+    if total <= 0:
+        raise SimulationError(f"duration {text!r} must be positive")
+    return int(total)
+
+
+def scenario(name: str) -> Scenario:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise SimulationError(f"unknown scenario {name!r}; `sentinel simulate --list` shows the catalogue") from None
+
+
+def simulate_job(name: str, seed: int = 0, index: int = 0, duration_ms: int | None = None,
+                 cluster: str = "sim", start_ts: int = DEFAULT_START_TS, source: str = "simulator") -> SimulatedJob:
+    """Run one job of scenario ``name``. ``(seed, name, index)`` fixes every number it emits."""
+    chosen = scenario(name)
+    duration = duration_ms if duration_ms is not None else chosen.default_duration_ms
+    rng = random.Random(f"{seed}:{name}:{index}")
+    spec, faults = chosen.build(rng, duration)
+    spec = _with_cluster(spec, cluster, index)
+    job = JobSimulation(spec, faults, seed=f"{seed}:{name}:{index}", start_ts=start_ts, source_label=source)
+    events = job.run(duration)
+    labelled = [f for f in faults if f.family is not None and f.onset_ms <= duration]
+    truth = {
+        "cluster": spec.cluster, "job_id": job.job_id, "job_name": spec.job_name, "scenario": name,
+        "family": chosen.family or "healthy", "seed": seed, "index": index,
+        "start_ts": start_ts, "end_ts": start_ts + duration,
+        "faults": [
+            {"family": f.family, "onset_ts": start_ts + f.onset_ms,
+             "vertex_id": job.vertex_ids[f.vertex] if f.vertex is not None else None,
+             "vertex_name": spec.vertices[f.vertex].name if f.vertex is not None else None,
+             "subtask_index": f.subtask, "description": f.description}
+            for f in labelled
+        ],
+    }
+    return SimulatedJob(events, truth)
+
+
+def _with_cluster(spec, cluster: str, index: int):
+    from dataclasses import replace
+
+    return replace(spec, cluster=cluster, job_name=f"{spec.job_name}-{index:03d}")
+
+
+def parse_mix(items: Sequence[str]) -> list[tuple[str, float]]:
+    """``["leak_linear:2", "healthy_steady"]`` -> weighted scenario names (default weight 1)."""
+    mix = []
+    for item in items:
+        name, _, weight = item.partition(":")
+        scenario(name)
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            raise SimulationError(f"weight in {item!r} is not a number") from None
+        if w <= 0:
+            raise SimulationError(f"weight in {item!r} must be positive")
+        mix.append((name, w))
+    return mix
+
+
+def fleet(size: int, mix: Sequence[tuple[str, float]], seed: int = 0, duration_ms: int | None = None,
+          clusters: Sequence[str] = ("sim-eu", "sim-us")) -> list[SimulatedJob]:
+    """``size`` concurrent jobs drawn from the weighted ``mix``, deterministic for the seed."""
+    if size < 1:
+        raise SimulationError("--fleet needs at least one job")
+    rng = random.Random(f"fleet:{seed}")
+    names = [name for name, _ in mix]
+    weights = [w for _, w in mix]
+    # Every scenario of the mix appears at least once when the fleet is big enough.
+    chosen = names[:size] + rng.choices(names, weights, k=max(0, size - len(names)))
+    return [simulate_job(name, seed, index, duration_ms, cluster=clusters[index % len(clusters)])
+            for index, name in enumerate(chosen)]
+
+
+def merged_events(jobs: Iterable[SimulatedJob]) -> Iterator[dict]:
+    """All jobs' events in event-time order, as one producer would see them."""
+    return heapq.merge(*(job.events for job in jobs), key=lambda e: e["ts"])
+
+
+def write_jsonl(path: Path, records: Iterable[dict]) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with open(path, "w") as out:
+        for record in records:
+            out.write(json.dumps(record, separators=(",", ":")) + "\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: Path) -> Iterator[dict]:
+    with open(path) as lines:
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+
+
+def assign_splits(jobs: Sequence[SimulatedJob], seed: int, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> dict[str, list[SimulatedJob]]:
+    """Split by job (never by time), stratified by scenario so every split sees every scenario it can."""
+    if abs(sum(fractions) - 1.0) > 1e-9 or min(fractions) < 0:
+        raise SimulationError("split fractions must be >= 0 and sum to 1")
+    by_scenario: dict[str, list[SimulatedJob]] = {}
+    for job in jobs:
+        by_scenario.setdefault(job.truth["scenario"], []).append(job)
+    splits: dict[str, list[SimulatedJob]] = {name: [] for name in SPLITS}
+    for name, group in sorted(by_scenario.items()):
+        group = sorted(group, key=lambda j: j.truth["index"])
+        random.Random(f"split:{seed}:{name}").shuffle(group)
+        n = len(group)
+        n_test = round(n * fractions[2]) if n >= 3 else 0
+        n_val = round(n * fractions[1]) if n >= 3 else 0
+        splits["test"].extend(group[:n_test])
+        splits["validation"].extend(group[n_test:n_test + n_val])
+        splits["train"].extend(group[n_test + n_val:])
+    return splits
+
+
+def write_dataset(directory: Path, names: Sequence[str], jobs_per_scenario: int, seed: int = 0,
+                  duration_ms: int | None = None, fractions=(0.6, 0.2, 0.2)) -> dict:
+    """The labelled dataset layout every consumer reads (retraining, evaluation, the lab):
+
+    ``<dir>/<split>/events.jsonl`` (input-contract events in time order),
+    ``<dir>/<split>/ground_truth.jsonl`` (one line per job) and ``<dir>/manifest.json``.
+    """
+    if jobs_per_scenario < 1:
+        raise SimulationError("--jobs-per-scenario must be at least 1")
+    jobs = [simulate_job(name, seed, index, duration_ms, cluster=f"sim-{split_cluster(index)}")
+            for name in names for index in range(jobs_per_scenario)]
+    splits = assign_splits(jobs, seed, fractions)
+    manifest = {"format": "checkpoint-sentinel dataset v1", "source": "simulator", "seed": seed,
+                "scenarios": list(names), "jobs_per_scenario": jobs_per_scenario, "splits": {}}
+    for split, members in splits.items():
+        events = write_jsonl(directory / split / "events.jsonl", merged_events(members))
+        write_jsonl(directory / split / "ground_truth.jsonl", (job.truth for job in members))
+        manifest["splits"][split] = {"jobs": len(members), "events": events,
+                                     "job_ids": sorted(job.truth["job_id"] for job in members)}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def split_cluster(index: int) -> str:
+    return ("eu", "us", "ap")[index % 3]
