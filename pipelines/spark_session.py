@@ -67,6 +67,9 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.ui.showConsoleProgress", "false")
+        # transformWithState (the streaming features) needs RocksDB; it also keeps large state off-heap.
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         # Keep Spark's own scratch files inside the project state folder, not /tmp at random.
         .config("spark.local.dir", str(config.state_dir / "spark-local"))
         .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))

@@ -105,7 +105,7 @@ class ReplayedCheckpointSizes(_Base):
 
     def apply(self, tick, job) -> None:
         total = self.total_at(tick.t_ms, job)
-        row = tick.state_extra[self.vertex]
+        row = tick.state_exact[self.vertex]
         n = len(row)
         for k in range(n):  # integer split, so the checkpoint's total is exact
             row[k] += total // n + (1 if k < total % n else 0)

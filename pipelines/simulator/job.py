@@ -109,7 +109,8 @@ class Tick:
     capacity_factor: list[float]  # per vertex
     record_shares: list[list[float]]  # per vertex, per subtask (sum 1)
     state_shares: list[list[float]]
-    state_extra: list[list[float]]  # bytes added per vertex, subtask
+    state_extra: list[list[float]]  # bytes added per vertex, subtask (jitters like the rest)
+    state_exact: list[list[float]] = field(default_factory=list)  # bytes added verbatim (a replayed report)
     inflight_factor: float = 1.0  # >1: buffers held longer (backpressure cascade)
     storage_latency_ms: float = 0.0
     heap_extra_bytes: float = 0.0
@@ -212,6 +213,7 @@ class JobSimulation:
             record_shares=[_uniform(p) for p in self.parallelism],
             state_shares=[_uniform(p) for p in self.parallelism],
             state_extra=[[0.0] * p for p in self.parallelism],
+            state_exact=[[0.0] * p for p in self.parallelism],
         )
         for fault in self.faults:
             if fault.active(t_ms):
@@ -288,7 +290,8 @@ class JobSimulation:
             row = []
             for k in range(n):
                 jitter = 1.0 + self.rng.gauss(0, 0.01)
-                row.append(max(0.0, level * tick.state_shares[i][k] * jitter + tick.state_extra[i][k]))
+                noisy = (level * tick.state_shares[i][k] + tick.state_extra[i][k]) * jitter
+                row.append(max(0.0, noisy + tick.state_exact[i][k]))
             state.append(row)
         return state
 

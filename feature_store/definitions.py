@@ -1,0 +1,146 @@
+"""Every feature, declared once: name, type, unit, family, level, window and meaning.
+
+The training code, the streaming job and the docs read :data:`FEATURES`; the computation in
+``feature_store/job_features.py`` must produce exactly these names (a test holds it to that).
+Features are emitted per evaluation point: at each checkpoint and each job-status poll of a job,
+one **job** row (``vertex_id`` null) and one **vertex** row per known vertex. Job rows carry job
+features, vertex rows carry vertex features; the other level's columns are null there.
+Every feature is nullable: null means "not known" (a metric Flink did not report, too little
+history), never zero; the ``*_reported`` indicators say which raw signals were present.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+
+SHORT_WINDOW_CHECKPOINTS = 12
+LONG_WINDOW_MS = 90 * 60_000
+METRIC_POLLS_AVERAGED = 4
+RESTART_WINDOW_MS = 30 * 60_000
+
+FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure", "context")
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    family: str
+    level: str  # "job" or "vertex"
+    unit: str
+    window: str
+    description: str
+    dtype: str = "double"
+
+
+_SHORT = f"last {SHORT_WINDOW_CHECKPOINTS} completed checkpoints"
+_LONG = f"completed checkpoints of the last {LONG_WINDOW_MS // 60_000} min"
+_POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
+
+FEATURES: tuple[Feature, ...] = (
+    # --- context ---------------------------------------------------------------------------------
+    Feature("job_age_checkpoints", "context", "job", "checkpoints", "since first seen",
+            "checkpoints seen since the job appeared (young jobs are still warming up)"),
+    Feature("checkpoint_interval_ms", "context", "job", "ms", "latest", "configured checkpoint interval"),
+    # --- state leak, job level -------------------------------------------------------------------
+    Feature("state_size_bytes", "state_leak", "job", "bytes", "latest", "full state of the latest completed checkpoint"),
+    Feature("state_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
+            "least-squares slope of full state size divided by its mean"),
+    Feature("state_r2", "state_leak", "job", "ratio", _SHORT, "R^2 of the linear fit of full state size"),
+    Feature("state_frac_increasing", "state_leak", "job", "ratio", _SHORT, "fraction of checkpoint-to-checkpoint steps that grew"),
+    Feature("state_rel_slope_long_per_h", "state_leak", "job", "1/h", _LONG, "relative slope of full state over the long horizon"),
+    Feature("state_r2_long", "state_leak", "job", "ratio", _LONG, "R^2 of full state over the long horizon"),
+    Feature("state_deceleration", "state_leak", "job", "ratio", _LONG,
+            "slope of the later half over slope of the earlier half: ~1 for a leak, ~0 for a warm-up levelling off"),
+    Feature("checkpointed_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
+            "relative slope of the persisted (checkpointed) size; flat under incremental checkpoints"),
+    Feature("state_growth_bytes_per_record", "state_leak", "job", "bytes/record", _SHORT,
+            "state growth rate over the sources' output rate"),
+    Feature("limit_ratio", "state_leak", "job", "ratio", "latest",
+            "largest subtask state over max_state_size_bytes (null: no known limit)"),
+    Feature("limit_eta_s", "state_leak", "job", "s", _SHORT,
+            "time until the largest subtask state reaches the limit at its current slope (null: not growing or no limit)"),
+    # --- checkpoint health -----------------------------------------------------------------------
+    Feature("checkpoint_failed_fraction", "checkpoint_failure", "job", "ratio", "last 12 checkpoints", "share of FAILED checkpoints"),
+    Feature("checkpoint_consecutive_failures", "checkpoint_failure", "job", "checkpoints", "latest", "FAILED checkpoints in a row"),
+    Feature("checkpoint_duration_over_interval", "checkpoint_failure", "job", "ratio", "latest",
+            "end-to-end duration of the latest checkpoint over the interval"),
+    Feature("checkpoint_duration_over_timeout", "checkpoint_failure", "job", "ratio", "latest",
+            "end-to-end duration of the latest checkpoint over the timeout"),
+    Feature("checkpoint_duration_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 12 checkpoints",
+            "relative slope of end-to-end checkpoint duration"),
+    Feature("checkpoints_in_progress", "checkpoint_failure", "job", "checkpoints", "latest poll", "checkpoints in flight"),
+    Feature("restarts_in_window", "checkpoint_failure", "job", "restarts", f"last {RESTART_WINDOW_MS // 60_000} min",
+            "job restarts"),
+    Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
+    Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 20 polls", "relative slope of JobManager heap"),
+    Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",
+            "relative slope of in-flight data persisted by unaligned checkpoints"),
+    Feature("persisted_inflight_bytes", "backpressure", "job", "bytes", "latest", "in-flight data persisted by the latest checkpoint"),
+    # --- state leak, vertex level ----------------------------------------------------------------
+    Feature("vertex_state_size_bytes", "state_leak", "vertex", "bytes", "latest", "full state of the vertex at the latest completed checkpoint"),
+    Feature("vertex_state_rel_slope_per_h", "state_leak", "vertex", "1/h", _SHORT, "relative slope of the vertex's full state"),
+    Feature("vertex_state_r2", "state_leak", "vertex", "ratio", _SHORT, "R^2 of the vertex's full state"),
+    Feature("vertex_state_rel_slope_long_per_h", "state_leak", "vertex", "1/h", _LONG, "relative slope of the vertex's state, long horizon"),
+    Feature("vertex_state_r2_long", "state_leak", "vertex", "ratio", _LONG, "R^2 of the vertex's state, long horizon"),
+    Feature("vertex_state_deceleration", "state_leak", "vertex", "ratio", _LONG, "later-half over earlier-half slope of the vertex's state"),
+    Feature("vertex_limit_ratio", "state_leak", "vertex", "ratio", "latest", "largest subtask state of the vertex over the limit"),
+    # --- backpressure, vertex level --------------------------------------------------------------
+    Feature("busy_max", "backpressure", "vertex", "ratio", _POLLS, "busiest subtask's busy time over 1000 ms/s"),
+    Feature("busy_mean", "backpressure", "vertex", "ratio", _POLLS, "mean subtask busy time over 1000 ms/s"),
+    Feature("backpressured_max", "backpressure", "vertex", "ratio", _POLLS, "most backpressured subtask, over 1000 ms/s"),
+    Feature("backpressured_mean", "backpressure", "vertex", "ratio", _POLLS, "mean backpressured time over 1000 ms/s"),
+    Feature("idle_mean", "backpressure", "vertex", "ratio", _POLLS, "mean idle time over 1000 ms/s"),
+    Feature("downstream_of_backpressure", "backpressure", "vertex", "ratio", _POLLS,
+            "busy_max of this vertex times the largest backpressured_mean among the job's other vertices: high for the bottleneck"),
+    Feature("is_busiest_vertex", "backpressure", "vertex", "0/1", _POLLS, "1 if this vertex has the job's highest busy_max"),
+    Feature("in_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest input buffer pool usage"),
+    Feature("out_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest output buffer pool usage"),
+    Feature("start_delay_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
+            "largest barrier start delay among the vertex's subtasks"),
+    Feature("alignment_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
+            "largest alignment duration among the vertex's subtasks"),
+    Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints", "relative slope of the largest start delay"),
+    # --- skew, vertex level ----------------------------------------------------------------------
+    Feature("records_in_max_over_mean", "skew", "vertex", "ratio", _POLLS, "busiest subtask's input rate over the mean"),
+    Feature("records_in_cv", "skew", "vertex", "ratio", _POLLS, "coefficient of variation of subtask input rates"),
+    Feature("state_max_over_mean", "skew", "vertex", "ratio", "latest completed checkpoint", "largest subtask state over the mean"),
+    Feature("state_cv", "skew", "vertex", "ratio", "latest completed checkpoint", "coefficient of variation of subtask state"),
+    Feature("start_delay_max_over_median", "skew", "vertex", "ratio", "latest checkpoint",
+            "largest subtask start delay over the median (barrier alignment waiting on one subtask)"),
+    Feature("hot_subtask", "skew", "vertex", "index", "latest",
+            "index of the subtask with the largest input rate (or state, when records are balanced)"),
+    # --- missing-value indicators ----------------------------------------------------------------
+    Feature("busy_reported", "context", "vertex", "0/1", "latest poll", "1 if Flink reported busy time for this vertex (sources often report NaN)"),
+    Feature("state_reported", "context", "vertex", "0/1", "latest checkpoint", "1 if the latest checkpoint had per-subtask state for this vertex"),
+    Feature("limit_known", "context", "job", "0/1", "latest poll", "1 if the job reports max_state_size_bytes"),
+)
+
+FEATURE_NAMES = tuple(f.name for f in FEATURES)
+JOB_FEATURES = tuple(f.name for f in FEATURES if f.level == "job")
+VERTEX_FEATURES = tuple(f.name for f in FEATURES if f.level == "vertex")
+
+KEY_COLUMNS = ("cluster", "job_id", "vertex_id")
+ROW_COLUMNS: tuple[tuple[str, object], ...] = (
+    ("cluster", StringType()), ("job_id", StringType()), ("job_name", StringType()),
+    ("vertex_id", StringType()), ("vertex_name", StringType()), ("ts", LongType()), ("trigger_kind", StringType()),
+    ("is_late", BooleanType()),
+)
+
+
+def feature_row_schema() -> StructType:
+    """The schema of a feature row: keys, event time, the evaluation's trigger, then every feature."""
+    return StructType([StructField(name, dtype, True) for name, dtype in ROW_COLUMNS]
+                      + [StructField(f.name, DoubleType(), True) for f in FEATURES])
+
+
+def features_of(family: str, level: str | None = None) -> tuple[str, ...]:
+    return tuple(f.name for f in FEATURES if f.family == family and (level is None or f.level == level))
+
+
+def markdown_table() -> str:
+    """The feature reference for the docs, generated from the definitions."""
+    lines = ["| feature | family | level | unit | window | meaning |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{f.name}` | {f.family} | {f.level} | {f.unit} | {f.window} | {f.description} |" for f in FEATURES]
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""The offline feature store: Parquet partitioned by date, and point-in-time training sets.
+
+Written two ways with the same layout (``<root>/date=YYYY-MM-DD/part-*.parquet``):
+the live job's feature log (:func:`feature_log_writer`, a streaming file sink, exactly once)
+and a batch backfill from recorded event files (:func:`backfill`). Training sets join
+feature rows with labels from ground truth *as of each row's time* (:func:`label_features`),
+and arbitrary label times with the latest features at or before them (:func:`as_of_join`):
+nothing from after the prediction time leaks into a training row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter
+
+from feature_store.compute import batch_features, event_frame
+from feature_store.definitions import feature_row_schema
+from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS
+
+LOCALISED_FAMILIES = ("state_leak", "backpressure", "skew")
+
+
+def _with_date(features: DataFrame) -> DataFrame:
+    return features.withColumn("date", F.to_date(F.timestamp_millis("ts")))
+
+
+def write_features(features: DataFrame, root: str | Path) -> None:
+    """Write a batch of feature rows; the dates it covers are replaced, others kept."""
+    (_with_date(features).write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy("date").parquet(str(root)))
+
+
+def feature_log_writer(features: DataFrame, root: str | Path) -> DataStreamWriter:
+    """The live job's feature log: late markers dropped, partitioned by date, exactly once."""
+    return (_with_date(features.filter(~F.col("is_late"))).writeStream.format("parquet")
+            .option("path", str(root)).partitionBy("date").outputMode("append"))
+
+
+def read_features(spark: SparkSession, root: str | Path, start_ts: int | None = None,
+                  end_ts: int | None = None) -> DataFrame:
+    """Feature rows in ``[start_ts, end_ts)`` (epoch ms); date partitions outside are not read."""
+    df = spark.read.schema(feature_row_schema().add("date", "date")).parquet(str(root))
+    if start_ts is not None:
+        df = df.filter((F.col("date") >= F.to_date(F.timestamp_millis(F.lit(start_ts)))) & (F.col("ts") >= start_ts))
+    if end_ts is not None:
+        df = df.filter((F.col("date") <= F.to_date(F.timestamp_millis(F.lit(end_ts)))) & (F.col("ts") < end_ts))
+    return df
+
+
+def read_event_files(spark: SparkSession, paths: Sequence[str | Path]) -> DataFrame:
+    """An event frame from JSON-lines files of input events (simulator, lab or recorded)."""
+    missing = [str(p) for p in paths if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"event files not found: {', '.join(missing)}")
+    return event_frame(spark.read.text([str(p) for p in paths]))
+
+
+def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: str | Path,
+             idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> int:
+    """Compute features from recorded events with the batch path and write them to the store."""
+    features = batch_features(read_event_files(spark, event_paths), idle_timeout_ms).cache()
+    try:
+        write_features(features, root)
+        return features.count()
+    finally:
+        features.unpersist()
+
+
+def read_ground_truth(spark: SparkSession, paths: Sequence[str | Path]) -> DataFrame:
+    """Ground-truth lines (one per job, as the simulator and the lab write them)."""
+    schema = ("cluster string, job_id string, job_name string, scenario string, family string, "
+              "start_ts long, end_ts long, faults array<struct<family: string, onset_ts: long, "
+              "vertex_id: string, vertex_name: string, subtask_index: long, description: string>>")
+    return spark.read.schema(schema).json([str(p) for p in paths])
+
+
+def label_features(features: DataFrame, ground_truth: DataFrame) -> DataFrame:
+    """Each feature row with the fault under way at its own time (``label``, ``onset_ts``).
+
+    A fault labels a row when it began at or before the row's ``ts``. Leaks, backpressure and
+    skew are localised: on a vertex row they count only for their own vertex; on the job row,
+    every fault of the job counts. With several faults the earliest wins. Rows of jobs with no
+    ground truth are dropped (unlabelled); rows before any onset are ``healthy``.
+    """
+    faults = (ground_truth.select("cluster", "job_id", "scenario", F.explode_outer("faults").alias("fault"))
+              .select("cluster", "job_id", "scenario", F.col("fault.family").alias("fault_family"),
+                      F.col("fault.onset_ts").alias("fault_onset_ts"), F.col("fault.vertex_id").alias("fault_vertex_id"),
+                      F.col("fault.subtask_index").alias("fault_subtask")))
+    rows = features.withColumn("_row", F.monotonically_increasing_id())
+    applies = (F.col("fault_onset_ts") <= F.col("ts")) & (
+        F.col("vertex_id").isNull() | F.col("fault_vertex_id").isNull()
+        | ~F.col("fault_family").isin(*LOCALISED_FAMILIES) | (F.col("fault_vertex_id") == F.col("vertex_id")))
+    joined = rows.join(faults, ["cluster", "job_id"], "inner")
+    joined = joined.withColumn("_applies", F.when(applies, F.col("fault_onset_ts")))
+    first = Window.partitionBy("_row").orderBy(F.col("_applies").asc_nulls_last())
+    labelled = (joined.withColumn("_rank", F.row_number().over(first)).filter(F.col("_rank") == 1)
+                .withColumn("label", F.when(F.col("_applies").isNotNull(), F.col("fault_family")).otherwise("healthy"))
+                .withColumn("onset_ts", F.col("_applies"))
+                .withColumn("label_subtask", F.when(F.col("_applies").isNotNull(), F.col("fault_subtask"))))
+    return labelled.drop("_row", "_rank", "_applies", "fault_family", "fault_onset_ts", "fault_vertex_id", "fault_subtask")
+
+
+def as_of_join(entities: DataFrame, features: DataFrame, keys: Sequence[str] = ("cluster", "job_id", "vertex_id"),
+               ts_column: str = "ts") -> DataFrame:
+    """For each entity row (keys + ``ts``), the latest feature row of the same keys at or before ``ts``.
+
+    Entity rows with no earlier features keep null features. Null key parts match nulls
+    (a job row has ``vertex_id`` null).
+    """
+    entities = entities.withColumn("_entity", F.monotonically_increasing_id())
+    carried = [c for c in features.columns if c not in keys and c not in ("date", "ts") and c not in entities.columns]
+    renamed = features.select(*[F.col(k).alias(f"_f_{k}") for k in keys], F.col("ts").alias("feature_ts"),
+                              *[F.col(c).alias(f"_f_{c}") for c in carried])
+    condition = [entities[k].eqNullSafe(renamed[f"_f_{k}"]) for k in keys]
+    condition.append(renamed["feature_ts"] <= entities[ts_column])
+    joined = entities.join(renamed, condition, "left")
+    latest = Window.partitionBy("_entity").orderBy(F.col("feature_ts").desc_nulls_last())
+    picked = joined.withColumn("_rank", F.row_number().over(latest)).filter(F.col("_rank") == 1)
+    originals = [c for c in entities.columns if c != "_entity"]
+    return picked.select(*originals, "feature_ts", *[F.col(f"_f_{c}").alias(c) for c in carried])

@@ -1,0 +1,197 @@
+"""Hand-computed feature values on small series, one family at a time."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from feature_store.compute import OUTPUT_COLUMNS
+from feature_store.definitions import FEATURE_NAMES, FEATURES, JOB_FEATURES, VERTEX_FEATURES, markdown_table
+from feature_store.job_features import JobFeatureState, features_for_events
+
+JOB = "0123456789abcdef0123456789abcdef"
+T0 = 1_700_000_000_000
+H = 3_600_000
+V1, V2, V3 = "v1" + "0" * 30, "v2" + "0" * 30, "v3" + "0" * 30
+
+
+def base(ts, kind):
+    return {"schema_version": 1, "kind": kind, "cluster": "c", "job_id": JOB, "job_name": "j", "ts": ts}
+
+
+def checkpoint(ts, state, status="COMPLETED", e2e=1000, subtask_states=None, delays=None, persisted=0, checkpointed=None,
+               vertex=V1):
+    subtask_states = subtask_states or [state // 4, state - state // 4]
+    delays = delays or [5] * len(subtask_states)
+    done = status == "COMPLETED"
+    return {**base(ts, "checkpoint"), "checkpoint_id": ts, "status": status, "is_savepoint": False,
+            "trigger_ts": ts - e2e, "state_size_bytes": state if done else 0,
+            "checkpointed_size_bytes": (checkpointed if checkpointed is not None else state) if done else 0,
+            "end_to_end_duration_ms": e2e, "persisted_data_bytes": persisted,
+            "num_subtasks": len(subtask_states), "num_acknowledged_subtasks": len(subtask_states) if done else 0,
+            "failure_message": None if done else "Checkpoint expired before completing.",
+            "vertices": [{"vertex_id": vertex, "vertex_name": "Window", "parallelism": len(subtask_states),
+                          "state_size_bytes": state if done else 0, "checkpointed_size_bytes": 0,
+                          "subtasks": [{"index": i, "state_size_bytes": s if done else None, "start_delay_ms": d,
+                                        "alignment_duration_ms": d // 2}
+                                       for i, (s, d) in enumerate(zip(subtask_states, delays))]}]}
+
+
+def poll(ts, vertex, name, busy, backpressured, records=None, idle=None):
+    n = len(busy)
+    records = records or [100.0] * n
+    return {**base(ts, "vertex_metrics"), "vertex_id": vertex, "vertex_name": name, "parallelism": n,
+            "subtasks": [{"index": i, "busy_time_ms_per_s": busy[i], "backpressured_time_ms_per_s": backpressured[i],
+                          "idle_time_ms_per_s": None if idle is None else idle[i], "records_in_per_s": records[i],
+                          "records_out_per_s": records[i], "in_pool_usage": 0.5, "out_pool_usage": 0.25,
+                          "checkpoint_start_delay_ms": None, "checkpoint_alignment_time_ms": None} for i in range(n)]}
+
+
+def status(ts, limit=None, in_progress=0, heap=(100, 1000), restarts=0, state="RUNNING", interval=10_000, timeout=60_000):
+    return {**base(ts, "job_status"), "state": state, "num_restarts": restarts, "checkpoints_completed_total": 0,
+            "checkpoints_failed_total": 0, "checkpoints_in_progress": in_progress, "checkpoint_interval_ms": interval,
+            "checkpoint_timeout_ms": timeout, "max_state_size_bytes": limit, "jm_heap_used_bytes": heap[0],
+            "jm_heap_max_bytes": heap[1]}
+
+
+def rows_at(events, ts=None, vertex=None):
+    rows = features_for_events(events)
+    ts = ts if ts is not None else max(r["ts"] for r in rows)
+    return next(r for r in rows if r["ts"] == ts and r["vertex_id"] == vertex and r["trigger_kind"] != "late")
+
+
+def test_every_row_has_exactly_the_declared_columns_and_levels():
+    events = [status(T0, limit=450), checkpoint(T0 + 1, 100), poll(T0 + 2, V1, "Window", [500, 500], [0, 0]),
+              status(T0 + 3)]
+    rows = features_for_events(events)
+    assert all(list(r) == OUTPUT_COLUMNS or set(r) == set(OUTPUT_COLUMNS) for r in rows)
+    job_rows = [r for r in rows if r["vertex_id"] is None]
+    vertex_rows = [r for r in rows if r["vertex_id"] is not None]
+    assert job_rows and vertex_rows
+    assert all(r[name] is None for r in job_rows for name in VERTEX_FEATURES)
+    assert all(r[name] is None for r in vertex_rows for name in JOB_FEATURES)
+    assert len(set(FEATURE_NAMES)) == len(FEATURES)
+    assert markdown_table().count("\n") == len(FEATURES) + 1
+
+
+def test_leak_features_of_a_linear_series():
+    step = 10 * 60_000  # within the idle timeout: a job silent for longer starts afresh
+    events = [status(T0 - 1, limit=450)]
+    events += [checkpoint(T0 + i * step, 100 * (i + 1), subtask_states=[25 * (i + 1), 75 * (i + 1)]) for i in range(3)]
+    job = rows_at(events, vertex=None)
+    assert job["state_size_bytes"] == 300
+    assert job["state_rel_slope_per_h"] == pytest.approx(600 / 200)  # 100 per 10 min = 600/h, over mean 200
+    assert job["state_r2"] == pytest.approx(1.0)
+    assert job["state_frac_increasing"] == 1.0
+    assert job["job_age_checkpoints"] == 3
+    assert job["limit_ratio"] == pytest.approx(225 / 450)
+    assert job["limit_eta_s"] == pytest.approx((450 - 225) / (75 / 600))  # largest subtask grows 75 per 600 s
+    assert job["limit_known"] == 1.0
+    assert job["state_deceleration"] is None  # too few points to split in halves
+    vertex = rows_at(events, vertex=V1)
+    assert vertex["vertex_state_rel_slope_per_h"] == pytest.approx(3.0)
+    assert vertex["vertex_limit_ratio"] == pytest.approx(0.5)
+    assert vertex["state_max_over_mean"] == pytest.approx(225 / 150)
+    assert vertex["state_cv"] == pytest.approx(75 / 150)
+    assert vertex["hot_subtask"] == 1
+
+
+def test_deceleration_tells_a_levelling_warmup_from_a_leak():
+    warmup = [100, 110, 120, 130, 140, 140, 140, 140, 140]
+    leak = [100, 110, 120, 130, 140, 150, 160, 170, 180]
+    step = 10 * 60_000
+    warm = rows_at([checkpoint(T0 + i * step, s) for i, s in enumerate(warmup)])
+    leaky = rows_at([checkpoint(T0 + i * step, s) for i, s in enumerate(leak)])
+    assert warm["state_deceleration"] == pytest.approx(0.0)  # later half flat
+    assert leaky["state_deceleration"] == pytest.approx(1.0)
+    assert leaky["state_r2_long"] == pytest.approx(1.0)
+    flat = rows_at([checkpoint(T0 + i * step, 100) for i in range(9)])
+    assert flat["state_deceleration"] is None and flat["state_r2_long"] == 0.0
+
+
+def test_checkpoint_health():
+    events = [status(T0, in_progress=5, heap=(500, 1000), restarts=0),
+              checkpoint(T0 + 10_000, 100), checkpoint(T0 + 80_000, 0, "FAILED", e2e=60_000),
+              checkpoint(T0 + 150_000, 0, "FAILED", e2e=60_000),
+              status(T0 + 200_000, in_progress=5, heap=(500, 1000), restarts=2),
+              checkpoint(T0 + 220_000, 0, "FAILED", e2e=60_000)]
+    job = rows_at(events, vertex=None)
+    assert job["checkpoint_failed_fraction"] == 0.75
+    assert job["checkpoint_consecutive_failures"] == 3
+    assert job["checkpoint_duration_over_interval"] == 6.0
+    assert job["checkpoint_duration_over_timeout"] == 1.0
+    assert job["checkpoints_in_progress"] == 5
+    assert job["restarts_in_window"] == 2
+    assert job["jm_heap_ratio"] == 0.5
+    assert job["state_size_bytes"] == 100  # failed checkpoints carry no state size
+
+
+def test_backpressure_names_the_busy_vertex_downstream_of_backpressure():
+    events = [poll(T0, V2, "Map", [0, 0], [0, 0])]  # outside the 4-poll window by the end
+    for i in range(1, 5):
+        events += [poll(T0 + i * 15_000, V1, "Source", [None, None], [900, 900]),
+                   poll(T0 + i * 15_000, V2, "Map", [1000, 980], [0, 0], idle=[0, 20]),
+                   status(T0 + i * 15_000)]
+    source, bottleneck = rows_at(events, vertex=V1), rows_at(events, vertex=V2)
+    assert bottleneck["busy_max"] == 1.0
+    assert bottleneck["busy_mean"] == pytest.approx(0.99)
+    assert bottleneck["idle_mean"] == pytest.approx(0.01)
+    assert bottleneck["downstream_of_backpressure"] == pytest.approx(0.9)
+    assert bottleneck["is_busiest_vertex"] == 1.0 and source["is_busiest_vertex"] == 0.0
+    assert source["backpressured_mean"] == pytest.approx(0.9)
+    # Sources report busy time as NaN: missing, with its indicator, not zero.
+    assert source["busy_max"] is None and source["busy_reported"] == 0.0
+    assert bottleneck["busy_reported"] == 1.0
+    assert bottleneck["in_pool_max"] == 0.5 and bottleneck["out_pool_max"] == 0.25
+
+
+def test_skew_features_find_the_hot_subtask():
+    events = [poll(T0, V1, "KeyedProcess", [100] * 4, [0] * 4, records=[100, 100, 100, 700]),
+              checkpoint(T0 + 1, 400, subtask_states=[100, 100, 100, 100], delays=[10, 10, 500, 10]),
+              status(T0 + 2)]
+    vertex = rows_at(events, vertex=V1)
+    assert vertex["records_in_max_over_mean"] == pytest.approx(2.8)
+    assert vertex["records_in_cv"] == pytest.approx(math.sqrt(67_500) / 250)
+    assert vertex["hot_subtask"] == 3
+    assert vertex["state_max_over_mean"] == pytest.approx(1.0)
+    assert vertex["start_delay_max_over_median"] == pytest.approx(50.0)
+    assert vertex["start_delay_max_ms"] == 500 and vertex["alignment_max_ms"] == 250
+
+
+def test_duplicates_and_out_of_order_events_are_not_consumed_twice():
+    state = JobFeatureState()
+    first, second = checkpoint(T0, 100), checkpoint(T0 + 10_000, 200)
+    assert state.consume(first) and state.consume(second)
+    assert state.consume(second) is None  # a duplicate delivery
+    assert state.consume(first) is None  # older than what was consumed
+    assert state.age_checkpoints == 2
+
+
+def test_an_idle_or_finished_job_starts_afresh():
+    state = JobFeatureState()
+    state.consume(checkpoint(T0, 100))
+    state.consume(checkpoint(T0 + 10_000, 200))
+    assert state.consume(checkpoint(T0 + 10_000 + 31 * 60_000, 300), idle_timeout_ms=30 * 60_000)[0]["job_age_checkpoints"] == 1
+    state.consume(status(T0 + 40 * 60_000, state="FINISHED"))
+    assert state.terminated
+    assert state.consume(checkpoint(T0 + 41 * 60_000, 50))[0]["job_age_checkpoints"] == 1
+
+
+def test_state_round_trips_through_json_exactly():
+    state = JobFeatureState()
+    for i in range(5):
+        state.consume(checkpoint(T0 + i * 60_000, 100 + 7 * i))
+    restored = JobFeatureState.from_json(state.to_json())
+    assert restored == state
+    nxt = checkpoint(T0 + 10 * 60_000, 500)
+    assert restored.consume(dict(nxt)) == state.consume(dict(nxt))
+
+
+def test_state_stays_bounded_over_a_long_fast_run():
+    state = JobFeatureState()
+    for i in range(5000):  # 500 ms interval for ~40 minutes
+        state.consume(checkpoint(T0 + i * 500, 100 + i))
+    assert len(state.completed) == 12
+    assert len(state.completed_long) <= 240
+    assert len(state.to_json()) < 60_000
