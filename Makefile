@@ -20,6 +20,7 @@ test: java
 
 bench: java
 	$(BIN)/python benchmarks/kafka_io.py
+	$(BIN)/python benchmarks/features.py
 
 venv: $(STAMP)
 

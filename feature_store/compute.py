@@ -6,15 +6,17 @@ job's events, in :func:`~feature_store.job_features.event_order_key` order, to a
 :class:`~feature_store.job_features.JobFeatureState`:
 
 * **batch** (training, backfill, replay): ``applyInPandas`` over each job's whole history;
-* **stream** (the live job): ``transformWithStateInPandas`` in event-time mode. Events wait in
-  state until the watermark passes them, so they are consumed in event-time order even when
-  they arrive out of order. An event older than the watermark is *late*: Spark drops it before
-  the processor and counts it in the query progress (``numRowsDroppedByWatermark``); one exactly
-  at the watermark reaches the processor and comes out as an ``is_late`` row, not consumed.
-  A job idle for ``idle_timeout`` of event time, or finished, is evicted by an event-time timer.
+* **stream** (the live job): ``transformWithState`` (the Row flavour) in event-time mode. A job's events
+  wait in state until the job's own latest event time is the allowed lateness past them, so they
+  are consumed in event-time order even when they arrive out of order. An event older than the
+  watermark is *late*: Spark drops it before the processor and counts it in the query progress
+  (``numRowsDroppedByWatermark``); one exactly at the watermark reaches the processor and comes
+  out as an ``is_late`` row, not consumed. A job silent for ``idle_timeout`` of event time has
+  its waiting events consumed and is then evicted by its one event-time timer; a finished job
+  is evicted at once.
 
-Because the watermark holds events back by the allowed lateness, the stream emits a job's
-features up to ``max(ts) - lateness``; the batch path emits them all.
+So while a job reports, the stream emits its features up to its latest ``ts - lateness``; the
+batch path emits them all.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import json
 from typing import Iterator
 
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
@@ -54,6 +56,11 @@ def _frame(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)
 
 
+def _rows(rows: list[dict]) -> Iterator[Row]:
+    for row in rows:
+        yield Row(**{name: row.get(name) for name in OUTPUT_COLUMNS})
+
+
 # --- batch -------------------------------------------------------------------------------------
 
 
@@ -81,86 +88,101 @@ def batch_features(events: DataFrame, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOU
 
 
 class JobFeatureProcessor(StatefulProcessor):
-    """Per job: the feature state machine, the events waiting for the watermark, and timers."""
+    """Per job, one JSON state value: the feature state machine, the events still waiting, the
+    job's latest event time and its eviction time.
 
-    def __init__(self, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS):
+    An event waits until the job's own latest event time is ``lateness_ms`` past it; anything
+    older for this job would have been dropped (its event time is behind the global watermark),
+    so waiting events are consumed in event-time order. Every state access is a round trip to
+    the JVM's state server, so a call reads the state once, writes it once and, usually, leaves
+    the single eviction timer where it is.
+    """
+
+    def __init__(self, lateness_ms: int, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS):
+        self.lateness_ms = lateness_ms
         self.idle_timeout_ms = idle_timeout_ms
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        # One JSON value each: array and map state fields are not usable from Python in 4.3.
-        self.machine = handle.getValueState("machine", "json string")
-        self.pending = handle.getValueState("pending", "json string")
-        self.evict_at = handle.getValueState("evict_at", "ms long")
+        # One JSON value: array and map state fields are not usable from Python in 4.3.
+        self.job = handle.getValueState("job", "json string")
 
-    def _load(self, state, default):
-        return json.loads(state.get()[0]) if state.exists() else default
+    def _load(self) -> dict:
+        if self.job.exists():
+            return json.loads(self.job.get()[0])
+        return {"machine": None, "pending": [], "max_ts": None, "evict_at": None}
 
-    def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
-        watermark = timerValues.getCurrentWatermarkInMs()
-        pending = self._load(self.pending, [])  # [[ts, event json], ...]
-        timers = {ts for ts, _ in pending}
-        late: list[dict] = []
-        for frame in rows:
-            for cluster, job_id, ts, value in zip(frame["cluster"], frame["job_id"], frame["ts"], frame["value"]):
-                ts = int(ts)
-                if watermark > 0 and ts <= watermark:
-                    late.append({"cluster": cluster, "job_id": job_id, "ts": ts, "trigger_kind": "late", "is_late": True})
-                    continue
-                pending.append([ts, value])
-                if ts not in timers:
-                    self.handle.registerTimer(ts)
-                    timers.add(ts)
-        self.pending.update((json.dumps(pending),))
-        if late:
-            yield _frame(late)
-
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
-        watermark = timerValues.getCurrentWatermarkInMs()
-        pending = self._load(self.pending, [])
-        ready = sorted((json.loads(v) for ts, v in pending if ts <= watermark), key=event_order_key)
-        waiting = [p for p in pending if p[0] > watermark]
-        machine = JobFeatureState.from_json(self.machine.get()[0]) if self.machine.exists() else JobFeatureState()
+    def _consume(self, stored: dict, events: list[dict]) -> list[dict]:
+        machine = JobFeatureState(**stored["machine"]) if stored["machine"] else JobFeatureState()
         rows: list[dict] = []
-        for event in ready:
+        for event in sorted(events, key=event_order_key):
             produced = machine.consume(event, self.idle_timeout_ms)
             if produced:
                 rows.extend(produced)
-        if waiting:
-            self.pending.update((json.dumps(waiting),))
+        stored["machine"] = machine.__dict__
+        return rows
+
+    def handleInputRows(self, key, rows: Iterator[Row], timerValues) -> Iterator[Row]:
+        watermark = timerValues.getCurrentWatermarkInMs()
+        stored = self._load()
+        late: list[dict] = []
+        for row in rows:
+            ts = int(row["ts"])
+            if watermark > 0 and ts <= watermark:
+                late.append({"cluster": row["cluster"], "job_id": row["job_id"], "ts": ts, "trigger_kind": "late",
+                             "is_late": True})
+                continue
+            stored["pending"].append([ts, row["value"]])
+            stored["max_ts"] = ts if stored["max_ts"] is None else max(stored["max_ts"], ts)
+        horizon = (stored["max_ts"] or 0) - self.lateness_ms
+        ready = [json.loads(v) for ts, v in stored["pending"] if ts <= horizon]
+        stored["pending"] = [p for p in stored["pending"] if p[0] > horizon]
+        output = self._consume(stored, ready) if ready else []
+        if stored["machine"] and stored["machine"]["terminated"] and not stored["pending"]:
+            self._evict()  # a finished or cancelled job: nothing more will come
         else:
-            self.pending.clear()
-        evict = machine.terminated or (machine.last_seen_ts is not None
-                                       and watermark >= machine.last_seen_ts + self.idle_timeout_ms)
-        if evict and not waiting:
-            # Gone for good or idle too long: the detector must not keep what it no longer sees.
-            self.machine.clear()
-            self.evict_at.clear()
-            for timer in list(self.handle.listTimers()):
-                self.handle.deleteTimer(timer)
-        elif ready:
-            self.machine.update((machine.to_json(),))
-            # One eviction timer per job, moved forward as events arrive.
-            if self.evict_at.exists():
-                self.handle.deleteTimer(self.evict_at.get()[0])
-            evict_at = machine.last_seen_ts + self.idle_timeout_ms + 1
-            self.handle.registerTimer(evict_at)
-            self.evict_at.update((evict_at,))
-        if rows:
-            yield _frame(rows)
+            if stored["evict_at"] is None and stored["max_ts"] is not None:
+                stored["evict_at"] = stored["max_ts"] + self.idle_timeout_ms
+                self.handle.registerTimer(stored["evict_at"])
+            self.job.update((json.dumps(stored, separators=(",", ":")),))
+        if late:
+            output = late + output
+        yield from _rows(output)
+
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[Row]:
+        stored = self._load()
+        if stored["max_ts"] is None:
+            return
+        due = stored["max_ts"] + self.idle_timeout_ms
+        if timerValues.getCurrentWatermarkInMs() < due:
+            # The job spoke since the timer was set: move the one timer forward.
+            stored["evict_at"] = due
+            self.handle.registerTimer(due)
+            self.job.update((json.dumps(stored, separators=(",", ":")),))
+            return
+        # Silent for the idle timeout: what still waits is final; then forget the job.
+        output = self._consume(stored, [json.loads(v) for _, v in stored["pending"]])
+        self._evict()
+        yield from _rows(output)
+
+    def _evict(self) -> None:
+        self.job.clear()
+        for timer in list(self.handle.listTimers()):
+            self.handle.deleteTimer(timer)
 
     def close(self) -> None:
         pass
 
 
-def stream_features(events: DataFrame, lateness: str = "30 seconds",
+def stream_features(events: DataFrame, lateness_ms: int = 30_000,
                     idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> DataFrame:
     """Feature rows (and ``is_late`` markers) from a streaming event frame, in event time."""
     return (events.select(*EVENT_FRAME_COLUMNS, "event_time")
-            .withWatermark("event_time", lateness)
+            .withWatermark("event_time", f"{lateness_ms} milliseconds")
             .groupBy("cluster", "job_id")
-            .transformWithStateInPandas(
-                statefulProcessor=JobFeatureProcessor(idle_timeout_ms),
+            # The Row flavour: per job group it skips building pandas frames, the main cost here.
+            .transformWithState(
+                statefulProcessor=JobFeatureProcessor(lateness_ms, idle_timeout_ms),
                 outputStructType=feature_row_schema(),
                 outputMode="Append",
                 timeMode="EventTime",

@@ -102,6 +102,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("alignment_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
             "largest alignment duration among the vertex's subtasks"),
     Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints", "relative slope of the largest start delay"),
+    Feature("alignment_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints",
+            "relative slope of the largest alignment duration"),
     # --- skew, vertex level ----------------------------------------------------------------------
     Feature("records_in_max_over_mean", "skew", "vertex", "ratio", _POLLS, "busiest subtask's input rate over the mean"),
     Feature("records_in_cv", "skew", "vertex", "ratio", _POLLS, "coefficient of variation of subtask input rates"),

@@ -4,7 +4,7 @@
 evaluation point (a checkpoint or a job-status poll), returns feature rows named as in
 ``feature_store/definitions.py``. It is plain Python with JSON-serialisable state, so the very
 same code runs in the batch path (``applyInPandas`` over a sorted history) and in the streaming
-path (``transformWithStateInPandas``, its state stored as one JSON value per job): that is what
+path (``transformWithState``, its state stored as one JSON value per job): that is what
 makes offline and online features equal, not two implementations kept in step.
 
 Memory is bounded per job: the last few checkpoints, a thinned long horizon, the last few polls
@@ -89,6 +89,11 @@ def deceleration(points: Sequence[Sequence[float]]) -> float | None:
     return late[0] / early[0]
 
 
+def state_trends(short: Sequence[Sequence[float]], long: Sequence[Sequence[float]]) -> tuple:
+    """(relative slope, R^2) over the short window, the same over the long one, and deceleration."""
+    return (*relative_trend(short), *relative_trend(long), deceleration(long))
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -132,7 +137,7 @@ class JobFeatureState:
     completed_long: list = field(default_factory=list)  # thinned over LONG_WINDOW_MS, same entries
     vertex_names: dict = field(default_factory=dict)
     vertex_checkpoint: dict = field(default_factory=dict)  # vid: {states, delays, alignments}
-    start_delays: dict = field(default_factory=dict)  # vid: [[ts, max_delay], ...]
+    barrier_waits: dict = field(default_factory=dict)  # vid: [[ts, max start delay, max alignment], ...]
     polls: dict = field(default_factory=dict)  # vid: [[busy_max, busy_mean, bp_max, bp_mean, idle_mean, in_pool, out_pool, [records...]], ...]
     status: dict = field(default_factory=dict)
     heap: list = field(default_factory=list)  # [[ts, ratio], ...]
@@ -211,10 +216,9 @@ class JobFeatureState:
                 "states": states if not failed else self.vertex_checkpoint.get(vid, {}).get("states", []),
                 "delays": delays, "alignments": [s.get("alignment_duration_ms") for s in subs],
             }
-            max_delay = _max(delays)
-            if max_delay is not None:
-                series = self.start_delays.setdefault(vid, [])
-                series.append([ts, max_delay])
+            if subs:
+                series = self.barrier_waits.setdefault(vid, [])
+                series.append([ts, _max(delays), _max(self.vertex_checkpoint[vid]["alignments"])])
                 del series[:-SHORT_WINDOW_CHECKPOINTS]
             if not failed:
                 per_vertex[vid] = [vertex.get("state_size_bytes"), _max(states)]
@@ -267,11 +271,10 @@ class JobFeatureState:
         short = [[e[0], e[1]] for e in self.completed]
         long = [[e[0], e[1]] for e in self.completed_long]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
-        f["state_rel_slope_per_h"], f["state_r2"] = relative_trend(short)
+        (f["state_rel_slope_per_h"], f["state_r2"], f["state_rel_slope_long_per_h"], f["state_r2_long"],
+         f["state_deceleration"]) = state_trends(short, long)
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
-        f["state_rel_slope_long_per_h"], f["state_r2_long"] = relative_trend(long)
-        f["state_deceleration"] = deceleration(long)
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
         fit = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
         input_rate = self._input_rate()
@@ -324,9 +327,8 @@ class JobFeatureState:
         short = [[e[0], e[3][vid][0]] for e in self.completed if vid in e[3]]
         long = [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]]
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
-        f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
-        f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"] = relative_trend(long)
-        f["vertex_state_deceleration"] = deceleration(long)
+        (f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"], f["vertex_state_rel_slope_long_per_h"],
+         f["vertex_state_r2_long"], f["vertex_state_deceleration"]) = state_trends(short, long)
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None
@@ -345,7 +347,9 @@ class JobFeatureState:
         detail = self.vertex_checkpoint.get(vid, {})
         f["start_delay_max_ms"] = _max(detail.get("delays", []))
         f["alignment_max_ms"] = _max(detail.get("alignments", []))
-        f["start_delay_rel_slope_per_h"], _ = relative_trend(self.start_delays.get(vid, []))
+        waits = self.barrier_waits.get(vid, [])
+        f["start_delay_rel_slope_per_h"], _ = relative_trend([[w[0], w[1]] for w in waits])
+        f["alignment_rel_slope_per_h"], _ = relative_trend([[w[0], w[2]] for w in waits])
         records = [_mean(p[7][k] if k < len(p[7]) else None for p in polls)
                    for k in range(max((len(p[7]) for p in polls), default=0))]
         f["records_in_max_over_mean"], f["records_in_cv"], hot_records = _spread(records)

@@ -122,3 +122,20 @@ def as_of_join(entities: DataFrame, features: DataFrame, keys: Sequence[str] = (
     picked = joined.withColumn("_rank", F.row_number().over(latest)).filter(F.col("_rank") == 1)
     originals = [c for c in entities.columns if c != "_entity"]
     return picked.select(*originals, "feature_ts", *[F.col(f"_f_{c}").alias(c) for c in carried])
+
+
+def dataset_files(dataset_dir: str | Path, splits: Sequence[str] = ("train", "validation", "test")) -> tuple[list[Path], list[Path]]:
+    """The events and ground-truth files of a dataset folder (simulator or lab layout)."""
+    root = Path(dataset_dir)
+    if not (root / "manifest.json").is_file():
+        raise FileNotFoundError(f"{root} is not a dataset folder (no manifest.json); make one with "
+                                "`sentinel simulate --dataset DIR` or `sentinel lab`")
+    present = [s for s in splits if (root / s / "events.jsonl").is_file()]
+    return [root / s / "events.jsonl" for s in present], [root / s / "ground_truth.jsonl" for s in present]
+
+
+def training_set(spark: SparkSession, store_root: str | Path, ground_truth_paths: Sequence[str | Path],
+                 start_ts: int | None = None, end_ts: int | None = None) -> DataFrame:
+    """Labelled feature rows: the offline store's features of the labelled jobs, labels as of each row."""
+    return label_features(read_features(spark, store_root, start_ts, end_ts).drop("date"),
+                          read_ground_truth(spark, ground_truth_paths))

@@ -14,6 +14,10 @@ from pipelines.config import ConfigError, SentinelConfig, load_config
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 
+
+class UsageError(ValueError):
+    """A command called with arguments that cannot work together."""
+
 # No internet here or on many production hosts: never let a library phone home.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -79,11 +83,7 @@ def _cmd_simulate(config: SentinelConfig, args: argparse.Namespace) -> int:
         return 0
     if not (args.out or args.kafka):
         raise simulator.SimulationError("say where the events go: --out FILE.jsonl, --kafka or --dataset DIR")
-    mix = simulator.parse_mix(names)
-    if args.fleet:
-        jobs = simulator.fleet(args.fleet, mix, args.seed, duration)
-    else:
-        jobs = [simulator.simulate_job(name, args.seed, index, duration) for index, (name, _) in enumerate(mix)]
+    jobs = simulator.plan_jobs(simulator.parse_mix(names), args.seed, duration, fleet=args.fleet)
     truth_path = Path(args.truth) if args.truth else (Path(args.out).with_suffix(".ground_truth.jsonl") if args.out else None)
     if truth_path:
         simulator.write_jsonl(truth_path, (job.truth for job in jobs))
@@ -103,6 +103,31 @@ def _cmd_simulate(config: SentinelConfig, args: argparse.Namespace) -> int:
           f" ({'as fast as possible' if speed is None else f'{speed:g}x event time'})", flush=True)
     count = publish_to_kafka(simulator.merged_events(jobs), config, speed, progress)
     print(f"published {count} events" + (f"; ground truth in {truth_path}" if truth_path else ""))
+    return 0
+
+
+def _cmd_features(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from feature_store.definitions import FEATURES, markdown_table
+
+    if args.action == "list":
+        if args.markdown:
+            print(markdown_table())
+        else:
+            for f in FEATURES:
+                print(f"{f.name:<36} {f.family:<19} {f.level:<7} {f.unit:<13} {f.description}")
+        return 0
+    from feature_store import offline_store
+    from pipelines.spark_session import build_spark
+
+    paths = list(args.events or [])
+    if args.dataset:
+        paths += offline_store.dataset_files(args.dataset)[0]
+    if not paths:
+        raise UsageError("features backfill needs event files or --dataset DIR")
+    store = args.store or config.features.offline_path
+    spark = build_spark(config, "backfill")
+    rows = offline_store.backfill(spark, paths, store, config.features.idle_timeout_ms)
+    print(f"wrote {rows} feature rows from {len(paths)} event file(s) to {store}")
     return 0
 
 
@@ -155,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--jobs-per-scenario", type=int, default=5, help="with --dataset (default 5)")
     simulate.set_defaults(handler=_cmd_simulate)
 
+    features = commands.add_parser("features", help="the feature definitions and the offline store")
+    feature_actions = features.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = feature_actions.add_parser("list", help="every feature with its family, level, unit and meaning")
+    listing.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/FEATURES.md")
+    backfill = feature_actions.add_parser("backfill", help="compute features from recorded events into the offline store")
+    backfill.add_argument("events", nargs="*", help="JSON-lines files of input events")
+    backfill.add_argument("--dataset", help="every split of a dataset folder")
+    backfill.add_argument("--store", help="offline store root (default: features.offline_path)")
+    features.set_defaults(handler=_cmd_features)
+
     demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack and the main job")
     demo.add_argument("--events", type=int, default=3000)
     demo.set_defaults(handler=_cmd_demo)
@@ -167,7 +202,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipelines.io.kafka_clients import KafkaUnavailable
     from pipelines.spark_session import JavaMissing
 
-    return (StackError, KafkaUnavailable, JavaMissing)
+    return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         return handler(config, args)
-    except (ConfigError, SimulationError) as exc:
+    except (ConfigError, SimulationError, UsageError) as exc:
         print(f"sentinel {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except _user_errors() as exc:

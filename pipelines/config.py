@@ -123,6 +123,20 @@ class MlflowConfig(_Strict):
     alias: str = "champion"
 
 
+class FeaturesConfig(_Strict):
+    offline_path: Path = Field(Path(".sentinel/feature_store"), description="Root of the Parquet offline store.")
+    lateness_s: float = Field(30.0, ge=0, description="How late (event time) an event may arrive and still count.")
+    idle_timeout_s: float = Field(1800.0, gt=0, description="A job silent this long (event time) is forgotten.")
+
+    @property
+    def lateness(self) -> str:
+        return f"{int(self.lateness_s * 1000)} milliseconds"
+
+    @property
+    def idle_timeout_ms(self) -> int:
+        return int(self.idle_timeout_s * 1000)
+
+
 class StackConfig(_Strict):
     """The embedded local stack that `sentinel up` starts (the broker listens on kafka.bootstrap_servers)."""
 
@@ -138,6 +152,7 @@ class SentinelConfig(_Strict):
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+    features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
 
     def resolved(self, base_dir: Path) -> "SentinelConfig":
@@ -145,6 +160,7 @@ class SentinelConfig(_Strict):
         cfg = self.model_copy(deep=True)
         cfg.state_dir = _absolute(cfg.state_dir, base_dir)
         cfg.spark.checkpoint_location = _absolute(cfg.spark.checkpoint_location, base_dir)
+        cfg.features.offline_path = _absolute(cfg.features.offline_path, base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"
         cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
         if cfg.mlflow.tracking_uri is None:

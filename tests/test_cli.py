@@ -48,3 +48,18 @@ def test_status_without_a_stack(tmp_path):
     assert result.returncode == 0
     assert "broker   stopped" in result.stdout
     assert f"state    {tmp_path}" in result.stdout
+
+
+def test_features_list_shows_every_declared_feature(tmp_path):
+    from feature_store.definitions import FEATURES
+
+    result = run_sentinel("features", "list", env={"SENTINEL_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 0
+    names = [line.split()[0] for line in result.stdout.strip().splitlines()]
+    assert names == [f.name for f in FEATURES]
+
+
+def test_features_backfill_without_input_says_what_it_needs(tmp_path):
+    result = run_sentinel("features", "backfill", env={"SENTINEL_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    assert "needs event files or --dataset DIR" in result.stderr

@@ -401,7 +401,9 @@ def write_arrow_batches(spec: _ClientSpec, default_topic: str | None, batches: I
     return len(futures)
 
 
-class KafkaStreamWriter(DataSourceStreamArrowWriter):
+class _KafkaArrowSink:
+    """What the stream and batch writers share: options, schema check, and the Arrow write."""
+
     def __init__(self, options: Mapping[str, str], schema: StructType):
         self.spec = _client_spec(options)
         self.topic = options.get("topic")
@@ -410,6 +412,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaCommitMessage:
         return KafkaCommitMessage(write_arrow_batches(self.spec, self.topic, iterator))
 
+
+class KafkaStreamWriter(_KafkaArrowSink, DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.debug("batch %d: %d records written to Kafka", batchId, sum(m.records for m in messages if m))
 
@@ -417,14 +421,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         log.warning("batch %d aborted; it will be re-sent (at-least-once)", batchId)
 
 
-class KafkaBatchWriter(DataSourceArrowWriter):
-    def __init__(self, options: Mapping[str, str], schema: StructType):
-        self.spec = _client_spec(options)
-        self.topic = options.get("topic")
-        _check_sink_schema(schema, self.topic)
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaCommitMessage:
-        return KafkaCommitMessage(write_arrow_batches(self.spec, self.topic, iterator))
+class KafkaBatchWriter(_KafkaArrowSink, DataSourceArrowWriter):
+    pass
 
 
 class KafkaDataSource(DataSource):

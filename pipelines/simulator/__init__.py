@@ -13,7 +13,7 @@ import heapq
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
@@ -80,8 +80,6 @@ def simulate_job(name: str, seed: int = 0, index: int = 0, duration_ms: int | No
 
 
 def _with_cluster(spec, cluster: str, index: int):
-    from dataclasses import replace
-
     return replace(spec, cluster=cluster, job_name=f"{spec.job_name}-{index:03d}")
 
 
@@ -101,7 +99,7 @@ def parse_mix(items: Sequence[str]) -> list[tuple[str, float]]:
     return mix
 
 
-def fleet(size: int, mix: Sequence[tuple[str, float]], seed: int = 0, duration_ms: int | None = None,
+def fleet_jobs(size: int, mix: Sequence[tuple[str, float]], seed: int = 0, duration_ms: int | None = None,
           clusters: Sequence[str] = ("sim-eu", "sim-us")) -> list[SimulatedJob]:
     """``size`` concurrent jobs drawn from the weighted ``mix``, deterministic for the seed."""
     if size < 1:
@@ -113,6 +111,14 @@ def fleet(size: int, mix: Sequence[tuple[str, float]], seed: int = 0, duration_m
     chosen = names[:size] + rng.choices(names, weights, k=max(0, size - len(names)))
     return [simulate_job(name, seed, index, duration_ms, cluster=clusters[index % len(clusters)])
             for index, name in enumerate(chosen)]
+
+
+def plan_jobs(mix: Sequence[tuple[str, float]], seed: int = 0, duration_ms: int | None = None,
+              fleet: int | None = None) -> list[SimulatedJob]:
+    """One job per scenario of the mix, or with ``fleet`` that many drawn from its weights."""
+    if fleet:
+        return fleet_jobs(fleet, mix, seed, duration_ms)
+    return [simulate_job(name, seed, index, duration_ms) for index, (name, _) in enumerate(mix)]
 
 
 def merged_events(jobs: Iterable[SimulatedJob]) -> Iterator[dict]:
@@ -182,3 +188,31 @@ def write_dataset(directory: Path, names: Sequence[str], jobs_per_scenario: int,
 
 def split_cluster(index: int) -> str:
     return ("eu", "us", "ap")[index % 3]
+
+
+def rotating_job_events(live_jobs: int, events_per_job: int, event_interval_ms: int, duration_ms: int,
+                        start_ts: int = DEFAULT_START_TS, cluster: str = "rotation") -> list[dict]:
+    """The key-rotation workload of seed 001, with jobs as the keys: ``live_jobs`` jobs are always
+    alive; each sends ``events_per_job`` job-status events ``event_interval_ms`` apart, retires and
+    is replaced at once by a new job. For checking that state follows live keys, not keys seen."""
+    # A job's last event and its successor's first fall together, as in the seed's load test.
+    lifetime = max(1, events_per_job - 1) * event_interval_ms
+    events = []
+    for slot in range(live_jobs):
+        born = start_ts + (slot * lifetime) // live_jobs - lifetime  # staggered: slots retire evenly
+        generation = 0
+        while born < start_ts + duration_ms:
+            job_id = f"{slot:016x}{generation:016x}"
+            for k in range(events_per_job):
+                ts = born + k * event_interval_ms
+                if start_ts <= ts < start_ts + duration_ms:
+                    events.append({"schema_version": 1, "kind": "job_status", "cluster": cluster, "job_id": job_id,
+                                   "job_name": f"rotating-{slot}", "ts": ts, "state": "RUNNING", "num_restarts": 0,
+                                   "checkpoints_completed_total": 0, "checkpoints_failed_total": 0,
+                                   "checkpoints_in_progress": 0, "checkpoint_interval_ms": 60_000,
+                                   "checkpoint_timeout_ms": 600_000, "max_state_size_bytes": None,
+                                   "jm_heap_used_bytes": None, "jm_heap_max_bytes": None})
+            born += lifetime
+            generation += 1
+    events.sort(key=lambda e: (e["ts"], e["job_id"]))
+    return events

@@ -195,3 +195,12 @@ def test_state_stays_bounded_over_a_long_fast_run():
     assert len(state.completed) == 12
     assert len(state.completed_long) <= 240
     assert len(state.to_json()) < 60_000
+
+
+def test_barrier_wait_trends():
+    step = 10 * 60_000
+    events = [checkpoint(T0 + i * step, 100, delays=[10, 100 * (i + 1)]) for i in range(3)]
+    vertex = rows_at(events, vertex=V1)
+    assert vertex["start_delay_rel_slope_per_h"] == pytest.approx(600 / 200)  # 100 per 10 min over mean 200
+    assert vertex["alignment_rel_slope_per_h"] == pytest.approx(300 / 100)  # alignment is half the delay here
+    assert vertex["start_delay_max_ms"] == 300 and vertex["alignment_max_ms"] == 150

@@ -49,7 +49,7 @@ def test_dataset_is_split_by_job_and_labels_match_events(tmp_path):
 
 def test_fleet_draws_every_scenario_of_the_mix_and_respects_weights():
     mix = simulator.parse_mix(["healthy_steady:8", "leak_linear:1", "skew_hot_key:1"])
-    jobs = simulator.fleet(40, mix, seed=2, duration_ms=10 * 60_000)
+    jobs = simulator.fleet_jobs(40, mix, seed=2, duration_ms=10 * 60_000)
     counts = Counter(job.truth["scenario"] for job in jobs)
     assert set(counts) == {"healthy_steady", "leak_linear", "skew_hot_key"}
     assert counts["healthy_steady"] > counts["leak_linear"] + counts["skew_hot_key"]
@@ -68,7 +68,7 @@ def test_bad_mix_is_a_clear_error():
 
 
 def test_publish_to_kafka_keys_by_job_and_keeps_each_job_in_order(config):
-    jobs = simulator.fleet(4, simulator.parse_mix(["healthy_steady", "leak_seed000"]), seed=5, duration_ms=5 * 60_000)
+    jobs = simulator.fleet_jobs(4, simulator.parse_mix(["healthy_steady", "leak_seed000"]), seed=5, duration_ms=5 * 60_000)
     events = list(simulator.merged_events(jobs))
     sent = publish_to_kafka(events, config, speed=None)
     assert sent == len(events)
