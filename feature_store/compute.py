@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
 from feature_store.definitions import FEATURE_NAMES, ROW_COLUMNS, feature_row_schema
-from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS, JobFeatureState, event_order_key
+from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS, JobFeatureState
 
 EVENT_FRAME_COLUMNS = ["cluster", "job_id", "ts", "kind", "value"]
 OUTPUT_COLUMNS = [name for name, _ in ROW_COLUMNS] + list(FEATURE_NAMES)
@@ -66,13 +66,7 @@ def _rows(rows: list[dict]) -> Iterator[Row]:
 
 def _batch_job(idle_timeout_ms: int):
     def compute(events: pd.DataFrame) -> pd.DataFrame:
-        state = JobFeatureState()
-        rows: list[dict] = []
-        for event in sorted((json.loads(v) for v in events["value"]), key=event_order_key):
-            produced = state.consume(event, idle_timeout_ms)
-            if produced:
-                rows.extend(produced)
-        return _frame(rows)
+        return _frame(JobFeatureState().consume_all((json.loads(v) for v in events["value"]), idle_timeout_ms))
 
     return compute
 
@@ -114,11 +108,7 @@ class JobFeatureProcessor(StatefulProcessor):
 
     def _consume(self, stored: dict, events: list[dict]) -> list[dict]:
         machine = JobFeatureState(**stored["machine"]) if stored["machine"] else JobFeatureState()
-        rows: list[dict] = []
-        for event in sorted(events, key=event_order_key):
-            produced = machine.consume(event, self.idle_timeout_ms)
-            if produced:
-                rows.extend(produced)
+        rows = machine.consume_all(events, self.idle_timeout_ms)
         stored["machine"] = machine.__dict__
         return rows
 

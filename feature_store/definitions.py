@@ -3,8 +3,9 @@
 The training code, the streaming job and the docs read :data:`FEATURES`; the computation in
 ``feature_store/job_features.py`` must produce exactly these names (a test holds it to that).
 Features are emitted per evaluation point: at each checkpoint and each job-status poll of a job,
-one **job** row (``vertex_id`` null) and one **vertex** row per known vertex. Job rows carry job
-features, vertex rows carry vertex features; the other level's columns are null there.
+one **job** row (``vertex_id`` null) and one **vertex** row per known vertex. Job rows carry the
+job features (vertex features null); vertex rows carry their vertex features and, as context,
+the job features of the same moment.
 Every feature is nullable: null means "not known" (a metric Flink did not report, too little
 history), never zero; the ``*_reported`` indicators say which raw signals were present.
 """

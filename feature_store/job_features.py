@@ -21,8 +21,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from feature_store.definitions import (
-    FEATURE_NAMES,
-    JOB_FEATURES,
     LONG_WINDOW_MS,
     METRIC_POLLS_AVERAGED,
     RESTART_WINDOW_MS,
@@ -184,6 +182,15 @@ class JobFeatureState:
             return []
         return self.evaluate(ts, kind)
 
+    def consume_all(self, events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> list[dict]:
+        """Consume events in event-time order (sorting them first); the feature rows they trigger."""
+        rows: list[dict] = []
+        for event in sorted(events, key=event_order_key):
+            produced = self.consume(event, idle_timeout_ms)
+            if produced:
+                rows.extend(produced)
+        return rows
+
     def _poll(self, event: dict) -> None:
         vid = event["vertex_id"]
         self.vertex_names[vid] = event["vertex_name"]
@@ -251,13 +258,14 @@ class JobFeatureState:
     def evaluate(self, ts: int, trigger_kind: str) -> list[dict]:
         base = {"cluster": self.cluster, "job_id": self.job_id, "job_name": self.job_name, "ts": ts,
                 "trigger_kind": trigger_kind, "is_late": False}
-        rows = [{**base, "vertex_id": None, "vertex_name": None, **self._job_features(),
-                 **dict.fromkeys(VERTEX_FEATURES)}]
+        job = self._job_features()
+        rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **dict.fromkeys(VERTEX_FEATURES)}]
         vertex_bp = {vid: _mean(p[3] for p in polls) for vid, polls in self.polls.items()}
         busy = {vid: _mean(p[0] for p in polls) for vid, polls in self.polls.items()}
         busiest = max((v for v in busy if busy[v] is not None), key=lambda v: busy[v], default=None)
         for vid in sorted(self.vertex_names):
-            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **dict.fromkeys(JOB_FEATURES),
+            # Vertex rows carry the job's features too: a vertex is judged in its job's context.
+            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job,
                          **self._vertex_features(vid, vertex_bp, busy, busiest)})
         return rows
 
@@ -372,12 +380,5 @@ def features_for_events(events: Iterable[dict], idle_timeout_ms: int = DEFAULT_I
         by_job.setdefault((event["cluster"], event["job_id"]), []).append(event)
     rows: list[dict] = []
     for _, job_events in sorted(by_job.items()):
-        state = JobFeatureState()
-        for event in sorted(job_events, key=event_order_key):
-            produced = state.consume(event, idle_timeout_ms)
-            if produced:
-                rows.extend(produced)
+        rows.extend(JobFeatureState().consume_all(job_events, idle_timeout_ms))
     return rows
-
-
-assert set(JOB_FEATURES) | set(VERTEX_FEATURES) == set(FEATURE_NAMES)

@@ -15,21 +15,14 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 
-# kafka-python accepts these option names; a mapping of Spark-style ('security.protocol') names
-# lets users copy settings from a Spark/Java Kafka config.
-_OPTION_ALIASES = {"security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism"}
-
-
 class KafkaUnavailable(RuntimeError):
     """The broker could not be reached; the message says what to check."""
 
 
 def normalise_client_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    normalised = {}
-    for key, value in options.items():
-        key = _OPTION_ALIASES.get(key, key.replace(".", "_"))
-        normalised[key] = value
-    return normalised
+    """kafka-python names: Java-style ``security.protocol`` becomes ``security_protocol``, so
+    settings can be copied from a Spark or Java Kafka config."""
+    return {key.replace(".", "_"): value for key, value in options.items()}
 
 
 def _common(bootstrap_servers: str | list[str], client_options: Mapping[str, Any]) -> dict[str, Any]:

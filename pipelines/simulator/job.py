@@ -249,7 +249,7 @@ class JobSimulation:
             capacity = v.capacity_rps * tick.capacity_factor[i]
             upstream_of_bottleneck = bottleneck is not None and i != bottleneck and i not in downstream_of_bottleneck
             row = []
-            for k, share in enumerate(tick.record_shares[i]):
+            for share in tick.record_shares[i]:
                 rin = vertex_in[i] * throttle * share
                 busy = min(1000.0, 1000.0 * rin / capacity)
                 backpressured = (1000.0 - busy) * pressure if upstream_of_bottleneck else 0.0

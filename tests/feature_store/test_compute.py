@@ -14,7 +14,6 @@ from feature_store.compute import batch_features, event_frame, stream_features
 from feature_store.definitions import FEATURE_NAMES
 from feature_store.job_features import features_for_events
 from pipelines import simulator
-from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.simulator.publish import publish_to_kafka
 

@@ -70,7 +70,11 @@ def test_every_row_has_exactly_the_declared_columns_and_levels():
     vertex_rows = [r for r in rows if r["vertex_id"] is not None]
     assert job_rows and vertex_rows
     assert all(r[name] is None for r in job_rows for name in VERTEX_FEATURES)
-    assert all(r[name] is None for r in vertex_rows for name in JOB_FEATURES)
+    # Vertex rows carry the job's features of the same moment as context.
+    for v in vertex_rows:
+        job = next(j for j in job_rows if j["ts"] == v["ts"])
+        assert all(v[name] == job[name] for name in JOB_FEATURES)
+    assert any(v["limit_ratio"] is not None for v in vertex_rows)
     assert len(set(FEATURE_NAMES)) == len(FEATURES)
     assert markdown_table().count("\n") == len(FEATURES) + 1
 
