@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter
@@ -20,9 +21,7 @@ from pyspark.sql.streaming import DataStreamWriter
 from feature_store.compute import batch_features, event_frame
 from feature_store.definitions import feature_row_schema
 from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS
-
-LOCALISED_FAMILIES = ("state_leak", "backpressure", "skew")
-
+from feature_store.labels import LABEL_COLUMNS, label_rows
 
 def _with_date(features: DataFrame) -> DataFrame:
     return features.withColumn("date", F.to_date(F.timestamp_millis("ts")))
@@ -79,29 +78,22 @@ def read_ground_truth(spark: SparkSession, paths: Sequence[str | Path]) -> DataF
 
 
 def label_features(features: DataFrame, ground_truth: DataFrame) -> DataFrame:
-    """Each feature row with the fault under way at its own time (``label``, ``onset_ts``).
+    """Each feature row with the fault under way at its own time (see ``feature_store/labels.py``).
 
-    A fault labels a row when it began at or before the row's ``ts``. Leaks, backpressure and
-    skew are localised: on a vertex row they count only for their own vertex; on the job row,
-    every fault of the job counts. With several faults the earliest wins. Rows of jobs with no
-    ground truth are dropped (unlabelled); rows before any onset are ``healthy``.
+    Rows of jobs without ground truth are dropped (unlabelled); the ground truth, one line per
+    job, is small and travels with the task.
     """
-    faults = (ground_truth.select("cluster", "job_id", "scenario", F.explode_outer("faults").alias("fault"))
-              .select("cluster", "job_id", "scenario", F.col("fault.family").alias("fault_family"),
-                      F.col("fault.onset_ts").alias("fault_onset_ts"), F.col("fault.vertex_id").alias("fault_vertex_id"),
-                      F.col("fault.subtask_index").alias("fault_subtask")))
-    rows = features.withColumn("_row", F.monotonically_increasing_id())
-    applies = (F.col("fault_onset_ts") <= F.col("ts")) & (
-        F.col("vertex_id").isNull() | F.col("fault_vertex_id").isNull()
-        | ~F.col("fault_family").isin(*LOCALISED_FAMILIES) | (F.col("fault_vertex_id") == F.col("vertex_id")))
-    joined = rows.join(faults, ["cluster", "job_id"], "inner")
-    joined = joined.withColumn("_applies", F.when(applies, F.col("fault_onset_ts")))
-    first = Window.partitionBy("_row").orderBy(F.col("_applies").asc_nulls_last())
-    labelled = (joined.withColumn("_rank", F.row_number().over(first)).filter(F.col("_rank") == 1)
-                .withColumn("label", F.when(F.col("_applies").isNotNull(), F.col("fault_family")).otherwise("healthy"))
-                .withColumn("onset_ts", F.col("_applies"))
-                .withColumn("label_subtask", F.when(F.col("_applies").isNotNull(), F.col("fault_subtask"))))
-    return labelled.drop("_row", "_rank", "_applies", "fault_family", "fault_onset_ts", "fault_vertex_id", "fault_subtask")
+    truths = {(t["cluster"], t["job_id"]): t.asDict(recursive=True) for t in ground_truth.collect()}
+    schema = features.schema
+    for name, dtype in LABEL_COLUMNS:
+        schema = schema.add(name, dtype)
+
+    def label_job(rows: pd.DataFrame) -> pd.DataFrame:
+        return label_rows(rows, truths[(rows["cluster"].iloc[0], rows["job_id"].iloc[0])])
+
+    labelled_jobs = F.broadcast(ground_truth.select("cluster", "job_id"))
+    return (features.join(labelled_jobs, ["cluster", "job_id"], "left_semi")
+            .groupBy("cluster", "job_id").applyInPandas(label_job, schema))
 
 
 def as_of_join(entities: DataFrame, features: DataFrame, keys: Sequence[str] = ("cluster", "job_id", "vertex_id"),

@@ -1,0 +1,45 @@
+"""The static-threshold alarms operators use today, as the bar every detector must clear.
+
+* state leak: ``lastCheckpointSize`` above a fixed size;
+* checkpoint failure: ``RATE(numberOfFailedCheckpoints) > 0`` or ``lastCheckpointDuration``
+  above the checkpoint interval;
+* backpressure: ``backPressuredTimeMsPerSecond > 200`` for a minute (the features are one-minute
+  averages already);
+* skew: Dhalion's rate-skew ratio (busiest subtask's input rate over the mean) above 1.5.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class BaselineThresholds:
+    checkpoint_size_bytes: float = 1 << 30
+    backpressured_ratio: float = 0.2
+    rate_skew_ratio: float = 1.5
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name].astype("float64")
+
+
+def baseline_decisions(frame: pd.DataFrame, family: str, thresholds: BaselineThresholds = BaselineThresholds()) -> np.ndarray:
+    """The static alarm's decision at every row (a missing value never alarms)."""
+    if family == "state_leak":
+        fired = _column(frame, "state_size_bytes") > thresholds.checkpoint_size_bytes
+    elif family == "checkpoint_failure":
+        fired = (_column(frame, "checkpoint_failed_fraction") > 0) | (_column(frame, "checkpoint_duration_over_interval") > 1)
+    elif family == "backpressure":
+        fired = _column(frame, "backpressured_max") > thresholds.backpressured_ratio
+    elif family == "skew":
+        fired = _column(frame, "records_in_max_over_mean") > thresholds.rate_skew_ratio
+    else:
+        raise ValueError(f"no static baseline for {family!r}")
+    return fired.fillna(False).to_numpy(dtype=bool)

@@ -1,0 +1,148 @@
+"""Detectors: a score in [0, 1] per feature row, nothing more (decisions are the post-rule's).
+
+One supervised detector per failure family, each reading the feature rows of its level
+(localised families read vertex rows, checkpoint failures read job rows), and an unsupervised
+novelty detector for what none of them explains. A detector's configuration round-trips to a
+plain dict, which is saved beside the model (Merlion's habit), so a loaded model says exactly
+what it expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
+
+from feature_store.definitions import FEATURES, features_of
+
+FEATURE_SET_VERSION = 1  # bump when a family's feature list changes meaning
+
+CONTEXT = ("job_age_checkpoints", "checkpoint_interval_ms")
+
+# Which rows each family is judged on, and which features it reads.
+FAMILY_LEVEL = {"state_leak": "vertex", "backpressure": "vertex", "skew": "vertex",
+                "checkpoint_failure": "job", "anomaly": "job"}
+
+
+def default_features(family: str) -> tuple[str, ...]:
+    if family == "state_leak":
+        return CONTEXT + features_of("state_leak") + ("busy_reported", "state_reported", "limit_known")
+    if family == "backpressure":
+        return CONTEXT + features_of("backpressure") + ("busy_reported",) + (
+            "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout")
+    if family == "skew":
+        return CONTEXT + features_of("skew") + ("busy_max", "start_delay_max_ms")
+    if family == "checkpoint_failure":
+        return CONTEXT + features_of("checkpoint_failure")
+    if family == "anomaly":
+        return tuple(f.name for f in FEATURES if f.level == "job")
+    raise ValueError(f"unknown family {family!r}")
+
+
+@dataclass
+class DetectorConfig:
+    family: str
+    features: tuple[str, ...] = ()
+    learning_rate: float = 0.1
+    max_depth: int | None = 4
+    max_iter: int = 200
+    n_estimators: int = 200  # the novelty detector's trees
+    seed: int = 0
+    feature_set_version: int = FEATURE_SET_VERSION
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILY_LEVEL:
+            raise ValueError(f"unknown family {self.family!r}")
+        self.features = tuple(self.features) or default_features(self.family)
+        unknown = set(self.features) - {f.name for f in FEATURES}
+        if unknown:
+            raise ValueError(f"features not in the feature store: {sorted(unknown)}")
+
+    @property
+    def level(self) -> str:
+        return FAMILY_LEVEL[self.family]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["features"] = list(self.features)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DetectorConfig":
+        return cls(**{**d, "features": tuple(d.get("features", ()))})
+
+
+def rows_for(frame: pd.DataFrame, level: str) -> pd.DataFrame:
+    """The feature rows a detector of ``level`` judges (job rows have a null vertex)."""
+    job_rows = frame["vertex_id"].isna()
+    return frame[job_rows if level == "job" else ~job_rows]
+
+
+def _matrix(frame: pd.DataFrame, features: tuple[str, ...]) -> np.ndarray:
+    missing = [f for f in features if f not in frame.columns]
+    if missing:
+        raise KeyError(f"feature rows lack {missing}")
+    return frame.loc[:, list(features)].astype("float64").to_numpy()
+
+
+@dataclass
+class FamilyDetector:
+    """Supervised: the probability that a row shows its family's fault (missing values allowed)."""
+
+    config: DetectorConfig
+    model: Any = field(default=None, repr=False)
+
+    def fit(self, frame: pd.DataFrame, is_family: np.ndarray) -> "FamilyDetector":
+        y = np.asarray(is_family, dtype=int)
+        if y.min() == y.max():
+            raise ValueError(f"{self.config.family}: training rows need both positive and negative labels")
+        self.model = HistGradientBoostingClassifier(
+            learning_rate=self.config.learning_rate, max_depth=self.config.max_depth, max_iter=self.config.max_iter,
+            random_state=self.config.seed, class_weight="balanced",
+        ).fit(_matrix(frame, self.config.features), y)
+        return self
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        if self.model is None:
+            raise RuntimeError("score() before fit()")
+        if len(frame) == 0:
+            return np.empty(0)
+        return self.model.predict_proba(_matrix(frame, self.config.features))[:, 1]
+
+
+@dataclass
+class NoveltyDetector:
+    """Unsupervised: how unlike the healthy training rows a row is (IsolationForest), in [0, 1].
+
+    Trained on healthy rows only, so it never learns its own alarms as normal. Missing values
+    are filled with the training medians (IsolationForest cannot take NaN); the fill is part of
+    the model.
+    """
+
+    config: DetectorConfig
+    model: Any = field(default=None, repr=False)
+    medians: dict[str, float] = field(default_factory=dict)
+
+    def fit(self, frame: pd.DataFrame, is_healthy: np.ndarray | None = None) -> "NoveltyDetector":
+        healthy = frame if is_healthy is None else frame[np.asarray(is_healthy, dtype=bool)]
+        X = healthy.loc[:, list(self.config.features)].astype("float64")
+        self.medians = {k: (0.0 if np.isnan(v) else float(v)) for k, v in X.median().items()}
+        self.model = IsolationForest(n_estimators=self.config.n_estimators, random_state=self.config.seed)
+        self.model.fit(X.fillna(self.medians).to_numpy())
+        return self
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        if self.model is None:
+            raise RuntimeError("score() before fit()")
+        if len(frame) == 0:
+            return np.empty(0)
+        X = frame.loc[:, list(self.config.features)].astype("float64").fillna(self.medians).to_numpy()
+        # score_samples is -2^(-depth/c), in [-1, 0): negated, 1 is the most isolated.
+        return np.clip(-self.model.score_samples(X), 0.0, 1.0)
+
+
+def make_detector(config: DetectorConfig) -> FamilyDetector | NoveltyDetector:
+    return NoveltyDetector(config) if config.family == "anomaly" else FamilyDetector(config)

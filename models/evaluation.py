@@ -1,0 +1,67 @@
+"""How good a family's decisions are, as on-call people feel it.
+
+Row level: precision, recall and F1 of the decisions against the point-in-time labels.
+Incident level, per entity (the job for job-level families, the vertex otherwise):
+*false incidents per job-day* (an incident opening, i.e. a decision switching on, while the
+entity is not in that fault) and *detection delay* after the labelled onset, in seconds and in
+checkpoints, for every fault that was caught; faults never caught count against
+``fault_recall``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+DAY_MS = 86_400_000
+ENTITY = ("cluster", "job_id", "vertex_id")
+
+
+def evaluate(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> dict[str, float]:
+    """Metrics of ``decided`` (one per row of ``frame``) for ``family``.
+
+    ``frame`` needs ``cluster, job_id, vertex_id, ts, trigger_kind, label, onset_ts``.
+    """
+    rows = frame.assign(_decided=np.asarray(decided, dtype=bool), _positive=(frame["label"] == family).to_numpy())
+    tp = int((rows._decided & rows._positive).sum())
+    fp = int((rows._decided & ~rows._positive).sum())
+    fn = int((~rows._decided & rows._positive).sum())
+    metrics = {
+        "precision": tp / (tp + fp) if tp + fp else 0.0,
+        "recall": tp / (tp + fn) if tp + fn else 0.0,
+    }
+    p, r = metrics["precision"], metrics["recall"]
+    metrics["f1"] = 2 * p * r / (p + r) if p + r else 0.0
+
+    false_incidents, delays_s, delays_checkpoints, faults = 0, [], [], 0
+    keys = [rows[c].fillna("") for c in ENTITY]
+    for _, entity in rows.sort_values("ts", kind="stable").groupby(keys, sort=False):
+        opened = entity._decided & ~entity._decided.shift(fill_value=False)
+        false_incidents += int((opened & ~entity._positive).sum())
+        faulty = entity[entity._positive]
+        if faulty.empty:
+            continue
+        faults += 1
+        onset = faulty["onset_ts"].iloc[0]
+        caught = faulty[faulty._decided]
+        if caught.empty:
+            continue
+        at = caught["ts"].iloc[0]
+        delays_s.append((at - onset) / 1000.0)
+        between = entity[(entity["ts"] >= onset) & (entity["ts"] <= at)]
+        delays_checkpoints.append(int((between["trigger_kind"] == "checkpoint").sum()))
+    job_days = _job_days(rows)
+    metrics["false_incidents_per_job_day"] = false_incidents / job_days if job_days else 0.0
+    metrics["faults"] = float(faults)
+    metrics["fault_recall"] = len(delays_s) / faults if faults else 0.0
+    for name, values in (("delay_s", delays_s), ("delay_checkpoints", delays_checkpoints)):
+        metrics[f"{name}_median"] = float(np.median(values)) if values else float("nan")
+        metrics[f"{name}_p90"] = float(np.percentile(values, 90)) if values else float("nan")
+    return metrics
+
+
+def _job_days(rows: pd.DataFrame) -> float:
+    spans = rows.groupby(["cluster", "job_id"])["ts"].agg(lambda ts: ts.max() - ts.min())
+    return float(spans.sum()) / DAY_MS
