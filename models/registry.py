@@ -1,0 +1,115 @@
+"""Detectors in MLflow: logged with everything needed to score *and decide*, loaded by alias.
+
+A registered version is a pyfunc model whose Python object carries the fitted detector, its
+post-rule, the feature list and feature-set version it expects, and the fingerprint of the data
+it was trained on. ``predict`` returns the score; the job applies the post-rule it loads with
+it. Aliases (``champion``, ``challenger``), never stages, say which version serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.models import infer_signature
+from mlflow.pyfunc import PythonModel
+
+from models.detectors import DetectorConfig, FamilyDetector, NoveltyDetector
+from models.post_rule import PostRule
+from pipelines.config import SentinelConfig
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+class ModelUnavailable(RuntimeError):
+    """No model under that name and alias, or the registry cannot be reached."""
+
+
+class SentinelDetectorModel(PythonModel):
+    """The pyfunc face of a detector: ``predict`` scores feature rows."""
+
+    def __init__(self, detector: FamilyDetector | NoveltyDetector, post_rule: PostRule | None, metadata: dict[str, Any]):
+        self.detector = detector
+        self.post_rule = post_rule
+        self.metadata = metadata
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.Series:
+        return pd.Series(self.detector.score(model_input), index=model_input.index, name="score")
+
+
+@dataclass(frozen=True)
+class LoadedDetector:
+    name: str
+    version: str
+    alias: str
+    detector: FamilyDetector | NoveltyDetector
+    post_rule: PostRule | None
+    metadata: dict[str, Any]
+
+    @property
+    def config(self) -> DetectorConfig:
+        return self.detector.config
+
+
+def use_config(config: SentinelConfig) -> None:
+    """Point MLflow at the configured tracking and registry stores."""
+    mlflow.set_tracking_uri(config.mlflow.tracking_uri)
+    mlflow.set_registry_uri(config.mlflow.registry_uri)
+
+
+def data_fingerprint(frame: pd.DataFrame) -> str:
+    """A stable hash of the training rows (order-independent), logged with the model."""
+    hashed = pd.util.hash_pandas_object(frame.sort_index(axis=1), index=False)
+    return hashlib.sha256(hashed.sort_values().to_numpy().tobytes()).hexdigest()[:16]
+
+
+def log_detector(detector: FamilyDetector | NoveltyDetector, post_rule: PostRule | None, training_rows: pd.DataFrame,
+                 registered_name: str, extra_metadata: dict[str, Any] | None = None) -> str:
+    """Log and register the detector in the active run; returns the new version."""
+    features = list(detector.config.features)
+    example = training_rows.loc[:, features].head(5).astype("float64")
+    metadata = {
+        "family": detector.config.family,
+        "features": features,
+        "feature_set_version": detector.config.feature_set_version,
+        "detector_config": detector.config.to_dict(),
+        "post_rule": post_rule.to_dict() if post_rule else None,
+        "training_data_fingerprint": data_fingerprint(training_rows.loc[:, features]),
+        **(extra_metadata or {}),
+    }
+    model = SentinelDetectorModel(detector, post_rule, metadata)
+    signature = infer_signature(example, model.predict(None, example))
+    info = mlflow.pyfunc.log_model(name=detector.config.family, python_model=model, signature=signature,
+                                   input_example=example, registered_model_name=registered_name,
+                                   metadata={k: v for k, v in metadata.items() if k != "detector_config"})
+    mlflow.log_dict(metadata, f"{detector.config.family}/sentinel_metadata.json")
+    return str(info.registered_model_version)
+
+
+def set_alias(registered_name: str, alias: str, version: str) -> None:
+    MlflowClient().set_registered_model_alias(registered_name, alias, version)
+
+
+def alias_version(registered_name: str, alias: str) -> str | None:
+    """The version an alias points at, or None when the model or the alias does not exist."""
+    try:
+        return str(MlflowClient().get_model_version_by_alias(registered_name, alias).version)
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def load_detector(registered_name: str, alias: str) -> LoadedDetector:
+    """``models:/<name>@<alias>``: the detector, its post-rule and its metadata."""
+    version = alias_version(registered_name, alias)
+    if version is None:
+        raise ModelUnavailable(f"no model {registered_name!r} with alias {alias!r} in {mlflow.get_registry_uri()}; "
+                               "train one with `sentinel train`")
+    loaded = mlflow.pyfunc.load_model(f"models:/{registered_name}@{alias}").unwrap_python_model()
+    return LoadedDetector(registered_name, version, alias, loaded.detector, loaded.post_rule, loaded.metadata)
