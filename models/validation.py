@@ -61,21 +61,23 @@ def _run(frame: pd.DataFrame, expectations: list, name: str) -> tuple[int, list[
 
 
 def validate_training_set(frame: pd.DataFrame, features: Sequence[str], families: Sequence[str],
-                          min_rows_per_family: int = 50, max_healthy_share: float = 0.99) -> ValidationReport:
-    """Check ``frame`` (labelled feature rows); the report lists every broken expectation."""
+                          min_rows_per_family: int = 50, max_healthy_share: float = 0.99,
+                          known_labels: Sequence[str] | None = None) -> ValidationReport:
+    """Check ``frame`` (labelled feature rows) for training ``families``; the report lists every
+    broken expectation. ``known_labels`` (default: ``families``) are the labels allowed at all."""
     E = gx.expectations
     rows = [E.ExpectColumnToExist(column=c) for c in (*KEYS, *features)]
     present = set(frame.columns)
     rows += [E.ExpectColumnValuesToNotBeNull(column=c) for c in KEYS if c in present]
     if "label" in present:
-        rows.append(E.ExpectColumnValuesToBeInSet(column="label", value_set=["healthy", *families]))
+        rows.append(E.ExpectColumnValuesToBeInSet(column="label", value_set=["healthy", *(known_labels or families)]))
     rows += [E.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=1.0001)
              for c in RATIOS if c in present and c in features]
     rows += [E.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in NON_NEGATIVE if c in present and c in features]
     checked, failures = _run(frame, rows, "rows")
 
     if "label" in present and len(frame):
-        counts = frame["label"].value_counts()
+        counts = frame.loc[frame["label"].isin(["healthy", *families]), "label"].value_counts()
         summary = pd.DataFrame({"label": counts.index.astype(str), "rows": counts.to_numpy(),
                                 "share": (counts / counts.sum()).to_numpy()})
         wanted = ["healthy", *families]

@@ -131,12 +131,60 @@ def _cmd_features(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list:
+    """The --dataset folders, or a simulated dataset under the state folder (made once per seed)."""
+    from pathlib import Path
+
+    from pipelines import simulator
+
+    datasets = [Path(d) for d in getattr(args, "dataset", None) or []]
+    if datasets:
+        return datasets
+    generated = Path(config.state_dir) / "datasets" / f"simulated-seed{args.seed}"
+    if not (generated / "manifest.json").is_file():
+        print(f"no --dataset given: simulating one into {generated} (every scenario, "
+              f"{args.jobs_per_scenario} jobs each)", flush=True)
+        simulator.write_dataset(generated, list(simulator.CATALOGUE), args.jobs_per_scenario, args.seed,
+                                simulator.parse_duration(args.duration))
+    return [generated]
+
+
+def _train(config: SentinelConfig, args: argparse.Namespace, families, dry_run: bool = False) -> None:
+    from models.training import run_training
+    from pipelines.spark_session import build_spark
+
+    datasets = _training_datasets(config, args)
+    spark = build_spark(config, "train")
+    outcomes = run_training(spark, config, datasets, families, dry_run=dry_run, seed=args.seed,
+                            progress=lambda line: print(line, flush=True))
+    print("\nsummary:")
+    for outcome in outcomes:
+        print("  " + outcome.line())
+
+
+def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from models.training import FAMILIES
+
+    _train(config, args, args.family or FAMILIES, dry_run=args.dry_run)
+    return 0
+
+
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     from infra.embedded_stack import EmbeddedStack
+
+    from models import registry
+    from models.training import FAMILIES
 
     print("checkpoint-sentinel demo on the embedded stack")
     for line in EmbeddedStack(config).up():
         print("  " + line)
+    registry.use_config(config)
+    missing = [f for f in FAMILIES if registry.alias_version(getattr(config.mlflow.models, f), config.mlflow.alias) is None]
+    if missing:
+        print(f"no champion yet for {', '.join(missing)}: training the initial models (once; later runs reuse them)")
+        _train(config, args, missing)
+    else:
+        print("champions found in the registry: reusing them")
     print(
         "The detection job is not built yet, so the demo runs the streaming round trip instead:\n"
         "Kafka -> Spark Structured Streaming (contract parsing) -> Kafka."
@@ -190,8 +238,22 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--store", help="offline store root (default: features.offline_path)")
     features.set_defaults(handler=_cmd_features)
 
+    train = commands.add_parser("train", help="retrain the detectors; promote through the champion/challenger gate")
+    train.add_argument("--dataset", action="append", metavar="DIR",
+                       help="labelled dataset folder (repeatable); default: a simulated one under the state folder")
+    train.add_argument("--family", action="append", choices=["state_leak", "backpressure", "skew",
+                                                             "checkpoint_failure", "anomaly"])
+    train.add_argument("--dry-run", action="store_true", help="show the gate's decision; register nothing, move no alias")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--jobs-per-scenario", type=int, default=3, help="for a generated dataset (default 3)")
+    train.add_argument("--duration", default="60m", help="event time per generated job, at most (default 60m)")
+    train.set_defaults(handler=_cmd_train)
+
     demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack and the main job")
     demo.add_argument("--events", type=int, default=3000)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--jobs-per-scenario", type=int, default=3)
+    demo.add_argument("--duration", default="40m")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 
@@ -200,9 +262,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean 'fix your setup' (exit 1), printed without a traceback."""
     from infra.embedded_stack import StackError
     from pipelines.io.kafka_clients import KafkaUnavailable
+    from models.registry import ModelUnavailable
+    from models.validation import TrainingSetInvalid
     from pipelines.spark_session import JavaMissing
 
-    return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError)
+    return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
