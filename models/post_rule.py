@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from itertools import product
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -53,27 +53,32 @@ class PostRule:
         return cls(**d)
 
     @classmethod
-    def calibrate(cls, frame: pd.DataFrame, positive: Iterable[bool], score: str = "score",
-                  persistence: Sequence[tuple[int, int]] = ((1, 1), (2, 3), (3, 4)),
-                  thresholds: Sequence[float] | None = None,
-                  entity: Sequence[str] = ("cluster", "job_id", "vertex_id")) -> "PostRule":
-        """The rule with the best F1 of per-row decisions on validation rows.
+    def search(cls, frame: pd.DataFrame, quality: Callable[[np.ndarray], tuple], score: str = "score",
+               persistence: Sequence[tuple[int, int]] = ((1, 1), (2, 3), (3, 4), (4, 6)),
+               thresholds: Sequence[float] | None = None,
+               entity: Sequence[str] = ("cluster", "job_id", "vertex_id")) -> "PostRule":
+        """The rule whose decisions on ``frame`` have the best ``quality`` (a sortable key).
 
         Ties go to the more conservative rule (higher threshold, then more persistence).
         """
+        grid = thresholds if thresholds is not None else np.round(np.linspace(0.05, 0.95, 19), 2)
+        best: tuple | None = None
+        for t, (k, n) in product(grid, persistence):
+            rule = cls(float(t), k, n)
+            key = (quality(rule.decisions(frame, score, entity).to_numpy(dtype=bool)), float(t), n - k + 1)
+            if best is None or key > best[0]:
+                best = (key, rule)
+        return best[1]
+
+    @classmethod
+    def calibrate(cls, frame: pd.DataFrame, positive: Iterable[bool], score: str = "score", **grid: Any) -> "PostRule":
+        """The rule with the best F1 of per-row decisions on validation rows."""
         y = np.asarray(list(positive), dtype=bool)
         if not y.any():
             raise ValueError("calibration needs positive rows")
-        grid = thresholds if thresholds is not None else np.round(np.linspace(0.05, 0.95, 19), 2)
-        best: tuple[float, float, int, PostRule] | None = None
-        for t, (k, n) in product(grid, persistence):
-            rule = cls(float(t), k, n)
-            decided = rule.decisions(frame, score, entity).to_numpy(dtype=bool)
+
+        def f1(decided: np.ndarray) -> float:
             tp = int((decided & y).sum())
-            fp = int((decided & ~y).sum())
-            fn = int((~decided & y).sum())
-            f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-            candidate = (f1, float(t), k, rule)
-            if best is None or candidate[:3] > best[:3]:
-                best = candidate
-        return best[3]
+            return 2 * tp / (2 * tp + int((decided & ~y).sum()) + int((~decided & y).sum())) if tp else 0.0
+
+        return cls.search(frame, f1, score, **grid)
