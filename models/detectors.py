@@ -88,8 +88,25 @@ def _matrix(frame: pd.DataFrame, features: tuple[str, ...]) -> np.ndarray:
     return frame.loc[:, list(features)].astype("float64").to_numpy()
 
 
+class _Scorer:
+    """The guard every detector's ``score`` shares; subclasses say how a fitted model scores."""
+
+    model: Any
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        """One score in [0, 1] per row of ``frame``."""
+        if self.model is None:
+            raise RuntimeError("score() before fit()")
+        if len(frame) == 0:
+            return np.empty(0)
+        return self._score(frame)
+
+    def _score(self, frame: pd.DataFrame) -> np.ndarray:
+        raise NotImplementedError
+
+
 @dataclass
-class FamilyDetector:
+class FamilyDetector(_Scorer):
     """Supervised: the probability that a row shows its family's fault (missing values allowed)."""
 
     config: DetectorConfig
@@ -105,16 +122,12 @@ class FamilyDetector:
         ).fit(_matrix(frame, self.config.features), y)
         return self
 
-    def score(self, frame: pd.DataFrame) -> np.ndarray:
-        if self.model is None:
-            raise RuntimeError("score() before fit()")
-        if len(frame) == 0:
-            return np.empty(0)
+    def _score(self, frame: pd.DataFrame) -> np.ndarray:
         return self.model.predict_proba(_matrix(frame, self.config.features))[:, 1]
 
 
 @dataclass
-class NoveltyDetector:
+class NoveltyDetector(_Scorer):
     """Unsupervised: how unlike the healthy training rows a row is (IsolationForest), in [0, 1].
 
     Trained on healthy rows only, so it never learns its own alarms as normal. Missing values
@@ -134,11 +147,7 @@ class NoveltyDetector:
         self.model.fit(X.fillna(self.medians).to_numpy())
         return self
 
-    def score(self, frame: pd.DataFrame) -> np.ndarray:
-        if self.model is None:
-            raise RuntimeError("score() before fit()")
-        if len(frame) == 0:
-            return np.empty(0)
+    def _score(self, frame: pd.DataFrame) -> np.ndarray:
         X = frame.loc[:, list(self.config.features)].astype("float64").fillna(self.medians).to_numpy()
         # score_samples is -2^(-depth/c), in [-1, 0): negated, 1 is the most isolated.
         return np.clip(-self.model.score_samples(X), 0.0, 1.0)

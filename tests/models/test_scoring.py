@@ -125,3 +125,13 @@ def test_a_detector_config_rejects_unknown_features():
         DetectorConfig("skew", features=("records_in_max_over_mean", "made_up"))
     with pytest.raises(ValueError, match="unknown family"):
         DetectorConfig("latency")
+
+
+def test_scoring_needs_a_fitted_detector_and_accepts_no_rows():
+    frame = pd.DataFrame({name: [0.5] for name in DetectorConfig("skew").features})
+    detector = make_detector(DetectorConfig("skew"))
+    with pytest.raises(RuntimeError, match="before fit"):
+        detector.score(frame)
+    novelty = make_detector(DetectorConfig("anomaly")).fit(
+        pd.DataFrame({name: np.linspace(0, 1, 20) for name in DetectorConfig("anomaly").features}))
+    assert novelty.score(frame.iloc[0:0]).shape == (0,)
