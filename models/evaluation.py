@@ -35,6 +35,25 @@ def evaluate(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> dict[
     p, r = metrics["precision"], metrics["recall"]
     metrics["f1"] = 2 * p * r / (p + r) if p + r else 0.0
 
+    false_incidents, delays_s, delays_checkpoints, faults = _incidents(rows)
+    job_days = _job_days(rows)
+    metrics["false_incidents_per_job_day"] = false_incidents / job_days if job_days else 0.0
+    metrics["faults"] = float(faults)
+    metrics["fault_recall"] = len(delays_s) / faults if faults else 0.0
+    for name, values in (("delay_s", delays_s), ("delay_checkpoints", delays_checkpoints)):
+        metrics[f"{name}_median"] = float(np.median(values)) if values else float("nan")
+        metrics[f"{name}_p90"] = float(np.percentile(values, 90)) if values else float("nan")
+    return metrics
+
+
+def detection_delays(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> list[float]:
+    """Seconds from each caught fault's onset to its first decision (for the delay histogram)."""
+    rows = frame.assign(_decided=np.asarray(decided, dtype=bool), _positive=(frame["label"] == family).to_numpy())
+    return _incidents(rows)[1]
+
+
+def _incidents(rows: pd.DataFrame) -> tuple[int, list[float], list[int], int]:
+    """False incident openings, per-fault delays (s, checkpoints) and the number of faults."""
     false_incidents, delays_s, delays_checkpoints, faults = 0, [], [], 0
     keys = [rows[c].fillna("") for c in ENTITY]
     for _, entity in rows.sort_values("ts", kind="stable").groupby(keys, sort=False):
@@ -52,14 +71,7 @@ def evaluate(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> dict[
         delays_s.append((at - onset) / 1000.0)
         between = entity[(entity["ts"] >= onset) & (entity["ts"] <= at)]
         delays_checkpoints.append(int((between["trigger_kind"] == "checkpoint").sum()))
-    job_days = _job_days(rows)
-    metrics["false_incidents_per_job_day"] = false_incidents / job_days if job_days else 0.0
-    metrics["faults"] = float(faults)
-    metrics["fault_recall"] = len(delays_s) / faults if faults else 0.0
-    for name, values in (("delay_s", delays_s), ("delay_checkpoints", delays_checkpoints)):
-        metrics[f"{name}_median"] = float(np.median(values)) if values else float("nan")
-        metrics[f"{name}_p90"] = float(np.percentile(values, 90)) if values else float("nan")
-    return metrics
+    return false_incidents, delays_s, delays_checkpoints, faults
 
 
 def _job_days(rows: pd.DataFrame) -> float:

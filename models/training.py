@@ -26,7 +26,7 @@ from feature_store import offline_store
 from models import registry
 from models.baseline import baseline_decisions
 from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
-from models.evaluation import evaluate
+from models.evaluation import detection_delays, evaluate
 from models.post_rule import PostRule
 from models.validation import TrainingSetInvalid, validate_training_set
 from pipelines.config import SentinelConfig
@@ -179,12 +179,8 @@ def _plots(family: str, test: pd.DataFrame, scores: np.ndarray, decided: np.ndar
     ConfusionMatrixDisplay.from_predictions(y, decided, ax=ax, display_labels=["ok", family])
     paths.append(directory / f"{family}_confusion_matrix.png")
     fig.savefig(paths[-1])
-    delays = []
-    frame = test.assign(_d=decided, _y=y)
-    for _, entity in frame[frame._y].groupby(["job_id", frame["vertex_id"].fillna("")]):
-        caught = entity[entity._d]
-        if len(caught):
-            delays.append((caught["ts"].min() - entity["onset_ts"].iloc[0]) / 1000.0)
+    labelled = test.assign(label=np.where(y, family, "healthy"))
+    delays = detection_delays(labelled, decided, family)
     fig, ax = plt.subplots(figsize=(5, 4))
     ax.hist(delays, bins=20)
     ax.set_xlabel("detection delay after onset (s)")

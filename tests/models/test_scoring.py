@@ -13,7 +13,7 @@ from feature_store.job_features import features_for_events
 from feature_store.labels import label_rows
 from models.baseline import baseline_decisions
 from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
-from models.evaluation import evaluate
+from models.evaluation import detection_delays, evaluate
 from models.post_rule import PostRule
 from pipelines import simulator
 
@@ -72,6 +72,7 @@ def test_evaluation_on_a_hand_made_series():
     assert m["faults"] == 1 and m["fault_recall"] == 1.0
     assert m["delay_s_median"] == 120.0  # onset at ts[2], caught at ts[4]
     assert m["delay_checkpoints_median"] == 2  # ts[2] and ts[4] are checkpoint rows
+    assert detection_delays(frame, decided, "state_leak") == [120.0]
     missed = evaluate(frame, [False] * 12, "state_leak")
     assert missed["fault_recall"] == 0.0 and math.isnan(missed["delay_s_median"])
 
