@@ -31,7 +31,7 @@ from pyspark.sql import functions as F  # noqa: E402
 
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
-from pipelines.contracts import INPUT  # noqa: E402
+from pipelines.contracts import INPUT, input_event_key  # noqa: E402
 from pipelines.contracts.examples import example_events  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
 from pipelines.io.kafka_stream import kafka_stream_writer, read_kafka_stream  # noqa: E402
@@ -55,7 +55,7 @@ def produce(config, topic: str, events: int) -> int:
     for event in example_events(events, seed=11):
         value = json.dumps(event).encode()
         total_bytes += len(value)
-        producer.send(topic, key=f"{event['cluster']}/{event['job_id']}".encode(), value=value)
+        producer.send(topic, key=input_event_key(event), value=value)
     producer.flush()
     producer.close()
     return total_bytes

@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.config import SentinelConfig
-from pipelines.contracts import INPUT
+from pipelines.contracts import INPUT, input_event_key
 from pipelines.contracts.examples import example_events
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import kafka_stream_writer, read_kafka_stream
@@ -66,7 +66,7 @@ def contract_round_trip(spark: SparkSession, config: SentinelConfig, events: int
     sent = list(example_events(events, seed=7, cluster=f"selfcheck-{run_id}"))
     producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
     for event in sent:
-        producer.send(in_topic, key=f"{event['cluster']}/{event['job_id']}".encode(), value=json.dumps(event).encode())
+        producer.send(in_topic, key=input_event_key(event), value=json.dumps(event).encode())
     producer.flush()
     producer.close()
 

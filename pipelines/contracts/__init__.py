@@ -46,6 +46,11 @@ _SCALARS: dict[str, DataType] = {
 }
 
 
+def input_event_key(event: dict) -> bytes:
+    """The input topic's record key, ``<cluster>/<job_id>``: a job's events share a partition, in order."""
+    return f"{event['cluster']}/{event['job_id']}".encode()
+
+
 class ContractError(ValueError):
     """A schema file that cannot be turned into a Spark schema."""
 

@@ -7,12 +7,8 @@ import time
 from typing import Callable, Iterable
 
 from pipelines.config import SentinelConfig
+from pipelines.contracts import input_event_key
 from pipelines.io import kafka_clients
-
-
-def event_key(event: dict) -> bytes:
-    """The input topic's key: ``<cluster>/<job_id>`` (keeps a job's events in one partition, in order)."""
-    return f"{event['cluster']}/{event['job_id']}".encode()
 
 
 def publish_to_kafka(events: Iterable[dict], config: SentinelConfig, speed: float | None = None,
@@ -35,7 +31,7 @@ def publish_to_kafka(events: Iterable[dict], config: SentinelConfig, speed: floa
                 if wait > 0:
                     producer.flush()  # make what is due visible before sleeping
                     time.sleep(wait)
-            producer.send(config.topics.input, key=event_key(event),
+            producer.send(config.topics.input, key=input_event_key(event),
                           value=json.dumps(event, separators=(",", ":")).encode())
             sent += 1
             if progress and time.monotonic() - last_report >= progress_every_s:
