@@ -129,6 +129,8 @@ ROW_COLUMNS: tuple[tuple[str, object], ...] = (
     ("cluster", StringType()), ("job_id", StringType()), ("job_name", StringType()),
     ("vertex_id", StringType()), ("vertex_name", StringType()), ("ts", LongType()), ("trigger_kind", StringType()),
     ("is_late", BooleanType()),
+    # Context for incidents, not features: the job's latest reported status and failure message.
+    ("job_state", StringType()), ("last_failure_message", StringType()),
 )
 
 

@@ -141,6 +141,7 @@ class JobFeatureState:
     heap: list = field(default_factory=list)  # [[ts, ratio], ...]
     restarts: list = field(default_factory=list)  # [[ts, num_restarts], ...]
     terminated: bool = False
+    last_failure: list | None = None  # [ts, failure message] of the latest FAILED checkpoint
 
     # --- persistence ---------------------------------------------------------------------------
 
@@ -210,6 +211,8 @@ class JobFeatureState:
         ts = int(event["ts"])
         self.age_checkpoints += 1
         failed = event["status"] != "COMPLETED"
+        if failed:
+            self.last_failure = [ts, event.get("failure_message")]
         self.checkpoints.append([ts, int(failed), event.get("end_to_end_duration_ms"), event.get("persisted_data_bytes")])
         del self.checkpoints[:-SHORT_WINDOW_CHECKPOINTS]
         per_vertex = {}
@@ -257,7 +260,8 @@ class JobFeatureState:
 
     def evaluate(self, ts: int, trigger_kind: str) -> list[dict]:
         base = {"cluster": self.cluster, "job_id": self.job_id, "job_name": self.job_name, "ts": ts,
-                "trigger_kind": trigger_kind, "is_late": False}
+                "trigger_kind": trigger_kind, "is_late": False, "job_state": self.status.get("state"),
+                "last_failure_message": self.last_failure[1] if self.last_failure else None}
         job = self._job_features()
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **dict.fromkeys(VERTEX_FEATURES)}]
         vertex_bp = {vid: _mean(p[3] for p in polls) for vid, polls in self.polls.items()}

@@ -53,25 +53,30 @@ def detection_delays(frame: pd.DataFrame, decided: Sequence[bool], family: str) 
 
 
 def _incidents(rows: pd.DataFrame) -> tuple[int, list[float], list[int], int]:
-    """False incident openings, per-fault delays (s, checkpoints) and the number of faults."""
-    false_incidents, delays_s, delays_checkpoints, faults = 0, [], [], 0
-    keys = [rows[c].fillna("") for c in ENTITY]
-    for _, entity in rows.sort_values("ts", kind="stable").groupby(keys, sort=False):
-        opened = entity._decided & ~entity._decided.shift(fill_value=False)
-        false_incidents += int((opened & ~entity._positive).sum())
-        faulty = entity[entity._positive]
-        if faulty.empty:
-            continue
-        faults += 1
-        onset = faulty["onset_ts"].iloc[0]
-        caught = faulty[faulty._decided]
-        if caught.empty:
-            continue
-        at = caught["ts"].iloc[0]
-        delays_s.append((at - onset) / 1000.0)
-        between = entity[(entity["ts"] >= onset) & (entity["ts"] <= at)]
-        delays_checkpoints.append(int((between["trigger_kind"] == "checkpoint").sum()))
-    return false_incidents, delays_s, delays_checkpoints, faults
+    """False incident openings, per-fault delays (s, checkpoints) and the number of faults.
+
+    Vectorised: the calibration calls this for every candidate post-rule.
+    """
+    group = rows.groupby([rows[c].fillna("") for c in ENTITY], sort=False).ngroup().to_numpy()
+    ts = rows["ts"].to_numpy(dtype="int64")
+    order = np.lexsort((ts, group))
+    g, t = group[order], ts[order]
+    decided, positive = rows["_decided"].to_numpy()[order], rows["_positive"].to_numpy()[order]
+    first_of_entity = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
+    previous = np.r_[False, decided[:-1]] if len(g) else np.zeros(0, dtype=bool)
+    opened = decided & ~(previous & ~first_of_entity)
+    false_incidents = int((opened & ~positive).sum())
+
+    ordered = pd.DataFrame({"g": g, "t": t, "row_onset": rows["onset_ts"].to_numpy()[order],
+                            "checkpoint": (rows["trigger_kind"] == "checkpoint").to_numpy()[order]})
+    onsets = ordered[positive].groupby("g")["row_onset"].first().astype("int64")
+    caught_at = ordered[positive & decided].groupby("g")["t"].first()
+    caught = pd.DataFrame({"onset": onsets}).join(caught_at.rename("at"), how="inner")
+    window = ordered.merge(caught, left_on="g", right_index=True)
+    window = window[(window["t"] >= window["onset"]) & (window["t"] <= window["at"]) & window["checkpoint"]]
+    checkpoints = window.groupby("g").size().reindex(caught.index, fill_value=0)
+    delays_s = ((caught["at"] - caught["onset"]) / 1000.0).tolist()
+    return false_incidents, delays_s, [int(c) for c in checkpoints], len(onsets)
 
 
 def _job_days(rows: pd.DataFrame) -> float:

@@ -97,12 +97,22 @@ def set_alias(registered_name: str, alias: str, version: str) -> None:
     MlflowClient().set_registered_model_alias(registered_name, alias, version)
 
 
-def alias_version(registered_name: str, alias: str) -> str | None:
-    """The version an alias points at, or None when the model or the alias does not exist."""
+MISSING_ERROR_CODES = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+
+
+def alias_version(registered_name: str, alias: str, raise_on_unreachable: bool = False) -> str | None:
+    """The version an alias points at, or None when the model or the alias does not exist.
+
+    Any other registry error (unreachable, server error) also gives None, unless
+    ``raise_on_unreachable``, when it raises :class:`ModelUnavailable`: a caller that holds
+    models must not mistake an outage for "no champion".
+    """
     try:
         return str(MlflowClient().get_model_version_by_alias(registered_name, alias).version)
-    except mlflow.exceptions.MlflowException:
-        return None
+    except mlflow.exceptions.MlflowException as exc:
+        if exc.error_code in MISSING_ERROR_CODES or not raise_on_unreachable:
+            return None
+        raise ModelUnavailable(f"model registry {mlflow.get_registry_uri()}: {exc}") from exc
 
 
 def load_detector(registered_name: str, alias: str) -> LoadedDetector:

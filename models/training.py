@@ -23,6 +23,7 @@ import pandas as pd
 from pyspark.sql import SparkSession
 
 from feature_store import offline_store
+from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from models import registry
 from models.baseline import baseline_decisions
 from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
@@ -37,6 +38,17 @@ DEFAULT_GRID = {"learning_rate": (0.05, 0.15), "max_depth": (3, 6)}
 ANOMALY_GRID = {"n_estimators": (100, 300)}  # the novelty detector has other knobs
 # One false incident per job and day is what an on-call rotation tolerates for one family.
 FALSE_INCIDENT_BUDGET_PER_JOB_DAY = 1.0
+# Healthy state grows at first (windows filling, TTLs not yet expiring); the simulator's warm-ups
+# last up to ~55 min. A leak decision on a young job needs a limit in sight (see PostRule).
+# A checkpoint-failure incident must show a failure, or a checkpoint near its timeout, a pile-up,
+# a restart or a nearly full JobManager heap: slower checkpoints alone are not one.
+POST_RULE_GUARDS = {
+    "state_leak": {"warmup_s": 30 * 60.0, "warmup_eta_s": 3600.0, "steady_growth_warmup_s": 60 * 60.0,
+                   "steady_growth_r2": 0.9, "decelerating_below": 0.8},
+    "checkpoint_failure": {"evidence": (("checkpoint_failed_fraction", 1e-9), ("checkpoint_duration_over_timeout", 0.5),
+                                        ("checkpoints_in_progress", 2.0), ("restarts_in_window", 1.0),
+                                        ("jm_heap_ratio", 0.9))},
+}
 GATE_TOLERANCE = {"fault_recall": 0.0, "false_incidents_per_job_day": 0.0, "delay_s_median": 0.0}
 
 Progress = Callable[[str], None]
@@ -67,6 +79,39 @@ def positives(frame: pd.DataFrame, family: str) -> np.ndarray:
     """What a family's detector should flag: its own fault; for anomalies, any fault."""
     labels = frame["label"]
     return (labels != "healthy").to_numpy() if family == "anomaly" else (labels == family).to_numpy()
+
+
+def unambiguous(frame: pd.DataFrame, family: str) -> pd.DataFrame:
+    """The rows a family's detector learns and is calibrated from.
+
+    A state leak looks exactly like warm-up growth until the growth has outlasted the short
+    slope window: a fixed CEP job and its leaky twin are the same curve for the first
+    ``SHORT_WINDOW_CHECKPOINTS`` checkpoints after the twin's onset. Leak rows inside that
+    grace period are neither positive nor negative evidence, so they are left out of fitting and
+    calibration (never out of evaluation: delays still count from the labelled onset).
+
+    Checkpoint failures are also a *symptom* of leaks and backpressure (seed 000's leak fails
+    its checkpoints). Rows of such a fault that show failures are not a lesson for the
+    checkpoint-failure detector either way; they are left out of its fitting, calibration and
+    evaluation, and the incident policy folds the symptom into the root cause's incident.
+    """
+    if frame.empty:
+        return frame
+    if family == "checkpoint_failure":
+        return frame[~symptom_of_another_fault(frame)]
+    if family != "state_leak":
+        return frame
+    interval = frame["checkpoint_interval_ms"].astype("float64").fillna(0.0)
+    since_onset = frame["ts"].astype("float64") - frame["onset_ts"].astype("float64")
+    in_grace = (frame["label"] == family) & (since_onset < SHORT_WINDOW_CHECKPOINTS * interval).fillna(False)
+    return frame[~in_grace.to_numpy()]
+
+
+def symptom_of_another_fault(frame: pd.DataFrame) -> np.ndarray:
+    """Rows of a leak, backpressure or skew fault with failed checkpoints."""
+    failing = frame["checkpoint_failed_fraction"].astype("float64").fillna(0.0) > 0
+    other = ~frame["label"].isin(["healthy", "checkpoint_failure"])
+    return (failing & other).to_numpy()
 
 
 def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequence[Path],
@@ -100,7 +145,10 @@ def train_family(family: str, splits: dict[str, pd.DataFrame], seed: int, grid: 
     """Grid search on validation F1 (post-rule calibrated per candidate); returns the winner,
     its post-rule, its test metrics and the test rows it was judged on."""
     level = FAMILY_LEVEL[family]
-    train, validation, test = (rows_for(splits[s], level) for s in ("train", "validation", "test"))
+    train, validation = (unambiguous(rows_for(splits[s], level), family) for s in ("train", "validation"))
+    test = rows_for(splits["test"], level)
+    if family == "checkpoint_failure":
+        test = test[~symptom_of_another_fault(test)]
     best = None
     for values in product(*grid.values()):
         params = dict(zip(grid.keys(), values))
@@ -118,14 +166,17 @@ def train_family(family: str, splits: dict[str, pd.DataFrame], seed: int, grid: 
 
 def calibrate_for_incidents(scored: pd.DataFrame, family: str) -> PostRule:
     """The post-rule as on-call people judge it: within the false-incident budget, catch the most
-    faults, then the most faulty rows; over the budget, the fewer false incidents the better."""
+    faults, then raise the fewest false incidents, then catch the most faulty rows; over the
+    budget, the fewer false incidents the better. (Validation sets are small: a rule that merely
+    stays within the budget there can still be noisy on new jobs.)"""
 
     def quality(decided: np.ndarray) -> tuple:
         m = family_metrics(scored, decided, family)
-        within = m["false_incidents_per_job_day"] <= FALSE_INCIDENT_BUDGET_PER_JOB_DAY
-        return (within, m["fault_recall"] if within else -m["false_incidents_per_job_day"], m["f1"])
+        false = m["false_incidents_per_job_day"]
+        within = false <= FALSE_INCIDENT_BUDGET_PER_JOB_DAY
+        return (within, m["fault_recall"] if within else -false, -false, m["f1"])
 
-    return PostRule.search(scored, quality)
+    return PostRule.search(scored, quality, guards=POST_RULE_GUARDS.get(family))
 
 
 def family_metrics(frame: pd.DataFrame, decided: np.ndarray, family: str) -> dict[str, float]:

@@ -41,7 +41,7 @@ class ValidationReport:
         return "\n".join([head] + [f"  FAILED {f}" for f in self.failures])
 
 
-def _run(frame: pd.DataFrame, expectations: list, name: str) -> tuple[int, list[str]]:
+def run_expectations(frame: pd.DataFrame, expectations: list, name: str) -> tuple[int, list[str]]:
     context = gx.get_context(mode="ephemeral")
     batch = (context.data_sources.add_pandas(name=f"{name}_source").add_dataframe_asset(name=name)
              .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
@@ -74,7 +74,7 @@ def validate_training_set(frame: pd.DataFrame, features: Sequence[str], families
     rows += [E.ExpectColumnValuesToBeBetween(column=c, min_value=0, max_value=1.0001)
              for c in RATIOS if c in present and c in features]
     rows += [E.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in NON_NEGATIVE if c in present and c in features]
-    checked, failures = _run(frame, rows, "rows")
+    checked, failures = run_expectations(frame, rows, "rows")
 
     if "label" in present and len(frame):
         counts = frame.loc[frame["label"].isin(["healthy", *families]), "label"].value_counts()
@@ -85,9 +85,9 @@ def validate_training_set(frame: pd.DataFrame, features: Sequence[str], families
             E.ExpectColumnDistinctValuesToContainSet(column="label", value_set=wanted),
             E.ExpectColumnValuesToBeBetween(column="rows", min_value=min_rows_per_family),
         ]
-        n, more = _run(summary, label_checks, "labels")
+        n, more = run_expectations(summary, label_checks, "labels")
         healthy = summary.loc[summary["label"] == "healthy", "share"]
-        n2, more2 = _run(pd.DataFrame({"healthy_share": healthy.to_numpy() if len(healthy) else [0.0]}),
+        n2, more2 = run_expectations(pd.DataFrame({"healthy_share": healthy.to_numpy() if len(healthy) else [0.0]}),
                          [E.ExpectColumnValuesToBeBetween(column="healthy_share", min_value=0.05, max_value=max_healthy_share)],
                          "balance")
         checked, failures = checked + n + n2, failures + more + more2

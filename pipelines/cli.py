@@ -21,6 +21,7 @@ class UsageError(ValueError):
 # No internet here or on many production hosts: never let a library phone home.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TQDM_DISABLE", "1")  # Great Expectations' per-validation progress bars
 
 
 def _cmd_up(config: SentinelConfig, args: argparse.Namespace) -> int:
@@ -169,11 +170,80 @@ def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_champions(config: SentinelConfig):
+    from pipelines.detection.scoring import ChampionCache
+
+    cache = ChampionCache(config)
+    cache.require()
+    print("scoring with " + ", ".join(f"{m.name} v{m.version}" for m in cache.models.values()), flush=True)
+    return cache
+
+
+def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.detection.job import start_detection
+    from pipelines.io.kafka_clients import check_reachable
+    from pipelines.spark_session import build_spark
+
+    logging.getLogger("pipelines.detection").setLevel(logging.INFO)
+    check_reachable(config.kafka.bootstrap_servers, config.kafka.connect_timeout_s)
+    cache = _require_champions(config)
+    spark = build_spark(config, "run")
+    job = start_detection(spark, config, cache, available_now=args.available_now)
+    print(f"reading {config.topics.input} on {config.kafka.bootstrap_servers}; incidents to {config.topics.incidents}, "
+          f"dead letters to {config.topics.dead_letter}; metrics in {config.detection.metrics_file}", flush=True)
+    try:
+        job.await_termination(args.timeout)
+    finally:
+        job.stop()
+    print(f"stopped: {job.processor.incidents_published} incident events, "
+          f"{job.dead_letter_processor.dead_letters} dead letters")
+    return 0
+
+
+def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from pipelines.detection.job import replay
+    from pipelines.detection.report import compare
+    from pipelines.spark_session import build_spark
+
+    for path in args.inputs:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no such events file: {path}")
+    cache = _require_champions(config)
+    spark = build_spark(config, "replay")
+    result = replay(spark, config, args.inputs, cache.models)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(i) + "\n" for i in result.incidents))
+    print(f"replayed {result.events} events: {len(result.incidents)} incident events "
+          f"({sum(i['event'] == 'opened' for i in result.incidents)} opened) -> {out}")
+    if result.dead_letters:
+        letters = out.with_name(out.stem + ".dead_letters.jsonl")
+        letters.write_text("".join(json.dumps(d) + "\n" for d in result.dead_letters))
+        print(f"{len(result.dead_letters)} unusable lines -> {letters}")
+    if args.truth:
+        truths = [json.loads(line) for t in args.truth for line in Path(t).read_text().splitlines() if line.strip()]
+        for line in compare(truths, result.incidents).lines():
+            print(line)
+    return 0
+
+
+def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.detection.incident_view import HEADER, follow, format_incident
+
+    print(HEADER, flush=True)
+    for incident in follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max):
+        print(format_incident(incident), flush=True)
+    return 0
+
+
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     from infra.embedded_stack import EmbeddedStack
-
     from models import registry
     from models.training import FAMILIES
+    from pipelines.detection.demo import run_demo
 
     print("checkpoint-sentinel demo on the embedded stack")
     for line in EmbeddedStack(config).up():
@@ -185,13 +255,10 @@ def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
         _train(config, args, missing)
     else:
         print("champions found in the registry: reusing them")
-    print(
-        "The detection job is not built yet, so the demo runs the streaming round trip instead:\n"
-        "Kafka -> Spark Structured Streaming (contract parsing) -> Kafka."
-    )
-    code = _cmd_selfcheck(config, args)
-    print("The stack keeps running; `sentinel status` shows it and `sentinel down` stops it.")
-    return code
+    run_demo(config, fleet=args.fleet, seed=args.seed, duration=args.fleet_duration, speed=args.speed)
+    print("The stack keeps running; `sentinel incidents --from-beginning` shows the incident topic, "
+          "`sentinel status` the stack and `sentinel down` stops it.")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -246,14 +313,37 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dry-run", action="store_true", help="show the gate's decision; register nothing, move no alias")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--jobs-per-scenario", type=int, default=3, help="for a generated dataset (default 3)")
-    train.add_argument("--duration", default="60m", help="event time per generated job, at most (default 60m)")
+    train.add_argument("--duration", default="90m", help="event time per generated job, at most (default 90m)")
     train.set_defaults(handler=_cmd_train)
 
-    demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack and the main job")
-    demo.add_argument("--events", type=int, default=3000)
+    run = commands.add_parser("run", help="the detection job: input topic -> features -> models -> incident topic")
+    run.add_argument("--available-now", action="store_true",
+                     help="process what is on the topic now, then stop (cron-style); default: run until stopped")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help="stop after this long")
+    run.set_defaults(handler=_cmd_run)
+
+    replay = commands.add_parser("replay", help="the detection pipeline on recorded events (backtest a model)")
+    replay.add_argument("inputs", nargs="+", metavar="INPUT.jsonl", help="input-contract events, one JSON per line")
+    replay.add_argument("--out", required=True, metavar="INCIDENTS.jsonl", help="where the incident events go")
+    replay.add_argument("--truth", action="append", metavar="GROUND_TRUTH.jsonl",
+                        help="compare with labelled faults (the simulator's or the lab's ground truth)")
+    replay.set_defaults(handler=_cmd_replay)
+
+    incidents = commands.add_parser("incidents", help="follow the incident topic as a readable live table")
+    incidents.add_argument("--from-beginning", action="store_true", help="start at the oldest incident kept")
+    incidents.add_argument("--timeout", type=float, metavar="SECONDS", help="stop after this long without news")
+    incidents.add_argument("--max", type=int, metavar="N", help="stop after N incident events")
+    incidents.set_defaults(handler=_cmd_incidents)
+
+    demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack, a simulated fleet and the job")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--jobs-per-scenario", type=int, default=3)
-    demo.add_argument("--duration", default="40m")
+    demo.add_argument("--fleet", type=int, default=24, help="simulated jobs (default 24: every family, healthy "
+                                                            "jobs and warm-ups)")
+    demo.add_argument("--fleet-duration", default="75m", help="event time per simulated job (default 75m)")
+    demo.add_argument("--speed", type=float, default=60.0,
+                      help="event-time seconds per wall second (default 60: the fleet's hour in a minute)")
+    demo.add_argument("--jobs-per-scenario", type=int, default=3, help="for the initial training dataset")
+    demo.add_argument("--duration", default="90m", help="event time per job of the initial training dataset")
     demo.set_defaults(handler=_cmd_demo)
     return parser
 
@@ -275,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("great_expectations").setLevel(logging.INFO if args.verbose else logging.WARNING)
     handler: Callable[[SentinelConfig, argparse.Namespace], int] = args.handler
     from pipelines.simulator import SimulationError
 

@@ -92,9 +92,9 @@ class TopicsConfig(_Strict):
 class SparkConfig(_Strict):
     master: str = "local[2]"
     app_name: str = "checkpoint-sentinel"
-    checkpoint_location: Path = Field(
-        Path(".sentinel/checkpoints"),
-        description="Root folder; each query checkpoints in its own sub-folder named after it.",
+    checkpoint_location: Path | None = Field(
+        None, description="Root folder (default <state_dir>/checkpoints); each query checkpoints in its own "
+                          "sub-folder named after it.",
     )
     trigger_interval: str = Field("5 seconds", description="Processing-time trigger of the live job.")
     shuffle_partitions: int = Field(4, ge=1)
@@ -124,7 +124,8 @@ class MlflowConfig(_Strict):
 
 
 class FeaturesConfig(_Strict):
-    offline_path: Path = Field(Path(".sentinel/feature_store"), description="Root of the Parquet offline store.")
+    offline_path: Path | None = Field(None, description="Root of the Parquet offline store "
+                                                        "(default <state_dir>/feature_store).")
     lateness_s: float = Field(30.0, ge=0, description="How late (event time) an event may arrive and still count.")
     idle_timeout_s: float = Field(1800.0, gt=0, description="A job silent this long (event time) is forgotten.")
 
@@ -135,6 +136,25 @@ class FeaturesConfig(_Strict):
     @property
     def idle_timeout_ms(self) -> int:
         return int(self.idle_timeout_s * 1000)
+
+
+class DetectionConfig(_Strict):
+    """The live job's scoring and incident policy (`sentinel run`, `sentinel replay`)."""
+
+    model_refresh_s: float = Field(60.0, gt=0, description="How often the job re-reads the model aliases.")
+    resolve_after_s: float = Field(600.0, ge=0, description="Event time a condition must stay clear before "
+                                                           "its incident is resolved.")
+    eta_change_ratio: float = Field(0.25, gt=0, description="A forecast ETA that moves by more than this share "
+                                                           "updates the incident.")
+    critical_eta_s: float = Field(3600.0, gt=0, description="A leak reaching its limit sooner is critical.")
+    state_limit_bytes: int | None = Field(None, ge=1, description="Limit for forecasts when a job reports none "
+                                                                  "(max_state_size_bytes wins).")
+    max_future_s: float = Field(300.0, gt=0, description="Events further in the future than this are rejected.")
+    gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
+    gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
+                                                             "(it runs beside the job, off its critical path).")
+    metrics_file: Path | None = Field(None, description="Prometheus text file (default "
+                                                        "<state_dir>/metrics/sentinel.prom).")
 
 
 class StackConfig(_Strict):
@@ -153,14 +173,18 @@ class SentinelConfig(_Strict):
     spark: SparkConfig = Field(default_factory=SparkConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
+    detection: DetectionConfig = Field(default_factory=DetectionConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
 
     def resolved(self, base_dir: Path) -> "SentinelConfig":
         """Make relative paths absolute against ``base_dir`` and fill the derived defaults."""
         cfg = self.model_copy(deep=True)
         cfg.state_dir = _absolute(cfg.state_dir, base_dir)
-        cfg.spark.checkpoint_location = _absolute(cfg.spark.checkpoint_location, base_dir)
-        cfg.features.offline_path = _absolute(cfg.features.offline_path, base_dir)
+        cfg.spark.checkpoint_location = _absolute(cfg.spark.checkpoint_location or cfg.state_dir / "checkpoints",
+                                                  base_dir)
+        cfg.features.offline_path = _absolute(cfg.features.offline_path or cfg.state_dir / "feature_store", base_dir)
+        cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
+                                               base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"
         cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
         if cfg.mlflow.tracking_uri is None:

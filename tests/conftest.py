@@ -84,3 +84,32 @@ def spark(broker_config: SentinelConfig):
     session = build_spark(broker_config, "tests")
     yield session
     session.stop()
+
+
+# --- trained champions ----------------------------------------------------------------------------
+
+TRAINING_GRID = {"learning_rate": (0.1,), "max_depth": (4,)}
+
+
+@pytest.fixture(scope="session")
+def trained_store(tmp_path_factory, spark):
+    """The config of an MLflow store whose five detectors have ``champion`` aliases.
+
+    Trained once per session by the project's own workflow (simulated dataset, offline store,
+    GX validation, MLflow registration, the gate); tests never move its aliases.
+    """
+    from models import registry
+    from models.training import run_training
+    from pipelines import simulator
+
+    root = tmp_path_factory.mktemp("trained")
+    simulator.write_dataset(root / "dataset", list(simulator.CATALOGUE), jobs_per_scenario=3, seed=5,
+                            duration_ms=90 * 60_000)
+    config = config_for(root / "state")
+    outcomes = run_training(spark, config, [root / "dataset"], grid=TRAINING_GRID, progress=lambda _: None)
+    registry.use_config(config)
+    for outcome in outcomes:
+        # The gate is tested elsewhere; here every family needs a champion to score with.
+        if not outcome.promoted:
+            registry.set_alias(outcome.registered_name, registry.CHAMPION, outcome.version)
+    return config

@@ -124,7 +124,7 @@ class KeyRotationState(_Base):
     A correct CEP operator drops a key's partial matches once its ``window_s`` pattern window
     has passed (timers fire lazily, so eviction lags by up to ``cleanup_lag_s``): state fills for
     window + lag, then levels off. The leaky operator never drops them: linear growth forever.
-    The two curves coincide until the window first expires, which is the leak's onset.
+    The two curves coincide until window + lag has passed (45 min), which is the leak's onset.
     """
 
     keys: int = 8192

@@ -176,7 +176,9 @@ def leak_cep_key_rotation(rng, duration_ms):
                      stateful_name="CEP: scans-sequence")
     fault = F.KeyRotationState(vertex=STATEFUL, leaky=True,
                                description="seed 001: expired CEP partial matches of retired keys are never removed")
-    fault.onset_ms = int(fault.window_s * 1000)  # the curves part when the first window expires
+    # The fixed operator's eviction lags by up to cleanup_lag_s, so the curves only part once the
+    # window plus that lag has passed (t = 30 + 15 * t / 45 min gives 45 min).
+    fault.onset_ms = int((fault.window_s + fault.cleanup_lag_s) * 1000)
     return spec, [fault]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import numpy as np
@@ -34,6 +36,30 @@ def test_post_rule_needs_k_of_the_last_n_per_entity():
     assert PostRule.from_dict(PostRule(0.3, 2, 4).to_dict()) == PostRule(0.3, 2, 4)
     with pytest.raises(ValueError):
         PostRule(0.5, k=3, n=2)
+
+
+def test_the_warm_up_guard_lets_a_young_job_alarm_only_with_a_limit_in_sight():
+    rule = PostRule(0.5, 1, 1, warmup_s=1800, warmup_eta_s=3600)
+    frame = pd.DataFrame({
+        "cluster": "c", "job_id": ["young", "young-near-limit", "old", "unknown-age"], "vertex_id": "v", "ts": 1,
+        "score": 0.9, "job_age_checkpoints": [10, 10, 40, None], "checkpoint_interval_ms": 60_000,
+        "limit_eta_s": [None, 600.0, None, None],
+    })
+    assert rule.decisions(frame).tolist() == [False, True, True, False]
+    # The streaming decision applies the same guard to the row it decides on.
+    assert [rule.decide([0.9], row) for row in frame.to_dict("records")] == [False, True, True, False]
+    assert rule.decide([0.9]) and not rule.decide([0.1], frame.iloc[2].to_dict())
+    assert PostRule.from_dict(rule.to_dict()) == rule
+
+
+def test_a_rule_with_evidence_decides_only_when_a_row_shows_some():
+    rule = PostRule(0.5, 1, 1, evidence=(("checkpoint_failed_fraction", 1e-9), ("checkpoint_duration_over_timeout", 0.5)))
+    frame = pd.DataFrame({"cluster": "c", "job_id": ["slow", "failing", "near-timeout", "unknown"], "vertex_id": None,
+                          "ts": 1, "score": 0.9, "checkpoint_failed_fraction": [0.0, 0.25, 0.0, None],
+                          "checkpoint_duration_over_timeout": [0.1, 0.1, 0.7, None]})
+    assert rule.decisions(frame).tolist() == [False, True, True, False]
+    assert [rule.decide([0.9], row) for row in frame.to_dict("records")] == [False, True, True, False]
+    assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule  # survives the JSON metadata
 
 
 def test_calibration_prefers_persistence_when_single_points_are_noise():

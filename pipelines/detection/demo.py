@@ -1,0 +1,141 @@
+"""`make run`: a simulated fleet through the real detection job, incidents shown as they come.
+
+The fleet (by default one job of every scenario: healthy jobs, warm-ups and every failure
+family) is simulated to end *now* and published to the input topic at ``speed`` times event
+time, while the detection job runs in this process on its own checkpoint (so each demo starts
+clean and reads only its own events). Incidents are printed as they reach the incident topic;
+at the end the injected faults are compared with the incidents.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from kafka import TopicPartition
+
+from pipelines import simulator
+from pipelines.config import SentinelConfig
+from pipelines.detection.incident_view import HEADER, format_incident
+from pipelines.detection.job import DETECTION_QUERY, start_detection
+from pipelines.detection.report import compare
+from pipelines.detection.scoring import ChampionCache
+from pipelines.io import kafka_clients
+from pipelines.simulator.publish import publish_to_kafka
+
+FLEET_SEED_OFFSET = 1000  # never the jobs the initial models were trained on
+
+
+def _end_offsets(config: SentinelConfig, topic: str) -> dict[int, int]:
+    consumer = kafka_clients.metadata_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    try:
+        return kafka_clients.latest_offsets(consumer, topic, kafka_clients.partitions_of(consumer, topic))
+    finally:
+        consumer.close()
+
+
+def run_demo(config: SentinelConfig, fleet: int = 24, seed: int = 0, duration: str = "75m", speed: float = 60.0,
+             settle_s: float = 120.0, out=print) -> dict:
+    from pipelines.spark_session import build_spark
+
+    kafka = config.kafka
+    kafka_clients.ensure_topics(kafka.bootstrap_servers, kafka.client_kwargs(),
+                                [config.topics.input, config.topics.incidents, config.topics.dead_letter],
+                                kafka.topic_partitions)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:4]
+    duration_ms = simulator.parse_duration(duration)
+    start_ts = int(time.time() * 1000) - duration_ms
+    names = list(simulator.CATALOGUE)
+    jobs = [simulator.simulate_job(name, seed + FLEET_SEED_OFFSET, i, duration_ms,
+                                   cluster=("demo-eu", "demo-us")[i % 2], start_ts=start_ts)
+            for i, name in enumerate((names * (fleet // len(names) + 1))[:fleet])]
+    events = list(simulator.merged_events(jobs))
+    out(f"\nfleet: {len(jobs)} simulated jobs ({sum(1 for j in jobs if j.truth['faults'])} with faults), "
+        f"{len(events)} events over {duration_ms / 60000:.0f} min of event time, published at {speed:g}x")
+
+    # The job reads from the current end of the topic, on a checkpoint of its own.
+    demo_config = config.model_copy(deep=True)
+    demo_config.spark.checkpoint_location = Path(config.state_dir) / "demo" / run_id / "checkpoints"
+    demo_config.kafka.starting_offsets = json.dumps(
+        {str(p): o for p, o in _end_offsets(config, config.topics.input).items()})
+    incidents_start = _end_offsets(config, config.topics.incidents)
+
+    cache = ChampionCache(demo_config)
+    cache.require()
+    spark = build_spark(demo_config, "demo")
+    job = start_detection(spark, demo_config, cache)
+    published = {"n": 0, "error": None}
+
+    def publish() -> None:
+        try:
+            published["n"] = publish_to_kafka(events, demo_config, speed=speed)
+        except Exception as exc:  # shown below; the demo then stops
+            published["error"] = exc
+
+    publisher = threading.Thread(target=publish, name="demo-publisher", daemon=True)
+    started = time.monotonic()
+    publisher.start()
+
+    consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
+    partitions = [TopicPartition(config.topics.incidents, p) for p in incidents_start]
+    consumer.assign(partitions)
+    for tp in partitions:
+        consumer.seek(tp, incidents_start[tp.partition])
+    job_ids = {j.truth["job_id"] for j in jobs}
+    incidents: list[dict] = []
+    out(HEADER)
+    last_progress, caught_up_at = 0.0, None
+    try:
+        while True:
+            for records in consumer.poll(timeout_ms=500).values():
+                for record in records:
+                    incident = json.loads(record.value)
+                    if incident.get("job_id") in job_ids:
+                        incidents.append(incident)
+                        out(format_incident(incident))
+            now = time.monotonic()
+            if published["error"] is not None:
+                raise published["error"]
+            if now - last_progress >= 10:
+                last_progress = now
+                progress = next((q.lastProgress for q in job.queries if q.name == DETECTION_QUERY), None)
+                out(f"  ... {now - started:.0f}s: {published['n'] or 'publishing'} events sent, detection batch "
+                    f"{progress['batchId'] if progress else '-'}, {len(incidents)} incident events so far")
+            for q in job.queries:
+                if q.exception() is not None:
+                    raise q.exception()
+            if not publisher.is_alive():
+                if caught_up_at is None and _caught_up(job, demo_config):
+                    caught_up_at = now
+                if (caught_up_at is not None and now - caught_up_at >= 3 * _trigger_s(demo_config)) or \
+                        now - started > duration_ms / 1000 / speed + settle_s:
+                    break
+    finally:
+        consumer.close()
+        job.stop()
+    comparison = compare([j.truth for j in jobs], incidents)
+    out(f"\nsummary after {time.monotonic() - started:.0f}s (injected faults vs incidents):")
+    for line in comparison.lines():
+        out(line)
+    return {"jobs": jobs, "incidents": incidents, "comparison": comparison}
+
+
+def _trigger_s(config: SentinelConfig) -> float:
+    number, _, unit = config.spark.trigger_interval.partition(" ")
+    return float(number) * (60 if unit.startswith("minute") else 1)
+
+
+def _caught_up(job, config: SentinelConfig) -> bool:
+    """The detection query has read everything on the input topic."""
+    progress = next((q.lastProgress for q in job.queries if q.name == DETECTION_QUERY), None)
+    if not progress or not progress.get("sources"):
+        return False
+    end = progress["sources"][0].get("endOffset")
+    if isinstance(end, str):
+        end = json.loads(end)
+    latest = _end_offsets(config, config.topics.input)
+    topic_offsets = (end or {}).get(config.topics.input, end or {})
+    return all(int(topic_offsets.get(str(p), -1)) >= o for p, o in latest.items())

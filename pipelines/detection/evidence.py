@@ -1,0 +1,168 @@
+"""What an incident says: evidence, forecast, severity, a one-line summary and a runbook.
+
+Pure functions of the feature row that triggered the decision (plus the few recent values the
+policy keeps). The runbook steps come from the seed reports and Flink's documentation on
+checkpointing under backpressure; each is concrete enough to act on from the incident alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from feature_store.definitions import FEATURES
+from models.detectors import default_features
+
+MIB = 1024 * 1024
+_LEVEL = {f.name: f.level for f in FEATURES}
+
+
+def _num(row: Mapping[str, Any], name: str) -> float | None:
+    value = row.get(name)
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / MIB:.1f} MB"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def leak_forecast(row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
+    """ETA to the state limit: the job's own ``max_state_size_bytes`` first, else the configured one.
+
+    With the job's limit the features carry the largest subtask's ETA already; with a configured
+    limit the whole state's growth is extrapolated from its relative slope.
+    """
+    eta_s, limit_ratio = _num(row, "limit_eta_s"), _num(row, "vertex_limit_ratio") or _num(row, "limit_ratio")
+    if eta_s is not None and limit_ratio:
+        largest = limit_ratio  # largest subtask state over the limit
+        return {"metric": "largest_subtask_state_bytes", "limit_source": "job", "limit_ratio": round(largest, 4),
+                "eta_ms": int(eta_s * 1000)}
+    size = _num(row, "vertex_state_size_bytes") or _num(row, "state_size_bytes")
+    slope = _num(row, "vertex_state_rel_slope_per_h") or _num(row, "state_rel_slope_per_h")
+    if configured_limit and size and slope and slope > 0:
+        growth_per_s = slope * size / 3600.0
+        eta = max(0.0, (configured_limit - size) / growth_per_s)
+        return {"metric": "state_size_bytes", "limit_source": "config", "limit": configured_limit,
+                "eta_ms": int(eta * 1000)}
+    return None
+
+
+def severity(family: str, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:
+    if family == "anomaly":
+        return "info"
+    if family == "state_leak":
+        if forecast is not None and forecast["eta_ms"] <= critical_eta_s * 1000:
+            return "critical"
+        return "warning"
+    if family == "checkpoint_failure":
+        failed = _num(row, "checkpoint_failed_fraction") or 0.0
+        consecutive = _num(row, "checkpoint_consecutive_failures") or 0.0
+        return "critical" if consecutive >= 3 or failed >= 0.5 else "warning"
+    if family == "backpressure":
+        over_timeout = _num(row, "checkpoint_duration_over_timeout") or 0.0
+        return "critical" if over_timeout >= 0.5 else "warning"
+    return "warning"
+
+
+def evidence(family: str, row: Mapping[str, Any], recent: Mapping[str, list]) -> dict:
+    """The feature values the family's detector read, non-null ones only, plus recent raw values."""
+    names = default_features(family)
+    values = {n: round(v, 6) for n in names if (v := _num(row, n)) is not None}
+    out: dict[str, Any] = {"features": values, "ts": int(row["ts"])}
+    out.update({k: v for k, v in recent.items() if v})
+    return out
+
+
+def subtask_of(family: str, row: Mapping[str, Any]) -> int | None:
+    hot = _num(row, "hot_subtask")
+    return int(hot) if family == "skew" and hot is not None else None
+
+
+def summary(family: str, row: Mapping[str, Any], forecast: dict | None, sev: str) -> str:
+    job, vertex = row.get("job_name") or row.get("job_id"), row.get("vertex_name")
+    where = f"{job} / {vertex}" if vertex else f"{job}"
+    if family == "state_leak":
+        slope = _num(row, "vertex_state_rel_slope_per_h") or _num(row, "state_rel_slope_per_h") or 0.0
+        size = _num(row, "vertex_state_size_bytes") or _num(row, "state_size_bytes")
+        eta = f", limit in {_duration(forecast['eta_ms'] / 1000)}" if forecast else ", no known limit"
+        return f"[{sev}] state leak in {where}: state {_mb(size)} growing {slope * 100:.0f}%/h without levelling off{eta}; set state TTL or clear keys"
+    if family == "backpressure":
+        busy = _num(row, "busy_max")
+        return (f"[{sev}] backpressure: {where} is the bottleneck (busy {busy * 100:.0f}%)" if busy is not None
+                else f"[{sev}] backpressure at {where}") + "; scale it out or enable unaligned checkpoints"
+    if family == "skew":
+        ratio = _num(row, "records_in_max_over_mean") or _num(row, "state_max_over_mean")
+        sub = subtask_of(family, row)
+        return (f"[{sev}] skew in {where}: subtask {sub if sub is not None else '?'} carries "
+                f"{ratio or 0:.1f}x the mean load; salt the hot key or pre-aggregate")
+    if family == "checkpoint_failure":
+        failed = _num(row, "checkpoint_failed_fraction")
+        over = _num(row, "checkpoint_duration_over_timeout")
+        detail = f"{failed * 100:.0f}% of recent checkpoints failed" if failed else "checkpoints near their timeout"
+        if over is not None:
+            detail += f", latest took {over * 100:.0f}% of the timeout"
+        return f"[{sev}] checkpoint failures in {where}: {detail}; check storage latency and the timeout"
+    return f"[{sev}] unusual checkpoint behaviour in {where} that no failure family explains; have a look"
+
+
+RUNBOOKS: dict[str, list[str]] = {
+    "state_leak": [
+        "Find the operator whose state grows (evidence: vertex) and the state it keeps per key.",
+        "Set a state TTL (StateTtlConfig) on keyed state that outlives its use, or clear it in a timer.",
+        "Check CEP patterns for a within() clause and windows for a trigger that never purges; "
+        "retired keys must leave state (FLINK-19970: expired partial matches of retired keys stay).",
+        "Move large state from the heap/memory backend to RocksDB (state.backend.type: rocksdb) with "
+        "incremental checkpoints; the memory backend fails checkpoints above its maximum state size.",
+        "Until fixed: raise the state or frame-size limit and take a savepoint before it is reached.",
+    ],
+    "backpressure": [
+        "Scale out the bottleneck vertex named in the evidence (more parallelism or resources), or "
+        "speed up its external calls (async I/O).",
+        "Enable buffer debloating (taskmanager.network.memory.buffer-debloat.enabled: true) to cut in-flight data.",
+        "Enable unaligned checkpoints (execution.checkpointing.unaligned.enabled: true) so barriers overtake buffers.",
+        "Set execution.checkpointing.aligned-checkpoint-timeout to switch to unaligned only when alignment drags.",
+        "Lengthen the checkpoint interval while the backlog drains so checkpoints stop piling up.",
+    ],
+    "skew": [
+        "Look at the hot subtask's key distribution (evidence: subtask_index) for a dominant key.",
+        "Salt the hot key (key + random suffix) and merge the partial results in a second step.",
+        "Use two-phase (local then global) aggregation, e.g. table.optimizer.agg-phase-strategy: TWO_PHASE.",
+        "For non-keyed stages, rebalance() the stream; for joins, broadcast the small side.",
+        "Enable unaligned checkpoints so barrier alignment stops waiting on the hot subtask.",
+    ],
+    "checkpoint_failure": [
+        "Read the failure messages in the evidence: timeouts, storage errors and declined checkpoints need different fixes.",
+        "Check checkpoint storage latency and errors (S3/HDFS throttling, transient 5xx) and local disk "
+        "throughput for RocksDB uploads.",
+        "If checkpoints run out of time, raise execution.checkpointing.timeout or reduce state per checkpoint "
+        "(incremental checkpoints, fewer large operators).",
+        "Keep the interval above the checkpoint duration (execution.checkpointing.min-pause) so checkpoints "
+        "do not pile up; each in-flight checkpoint costs JobManager memory.",
+        "Watch JobManager heap; raise jobmanager.memory.process.size if it grows with in-flight checkpoints.",
+        "Check operators that call external systems during snapshotState; they can stall the checkpoint.",
+    ],
+    "anomaly": [
+        "Compare the evidence with the job's usual checkpoint sizes, durations and rates.",
+        "Check recent deployments, config changes and restarts of this job.",
+        "If it is a real problem of a known kind, label it so the next training run learns it.",
+    ],
+}
+
+
+def runbook(family: str, row: Mapping[str, Any]) -> list[str]:
+    steps = list(RUNBOOKS[family])
+    if family == "state_leak" and (_num(row, "checkpointed_rel_slope_per_h") or 0.0) < 0.05 <= (
+            _num(row, "state_rel_slope_per_h") or 0.0):
+        steps.insert(1, "Incremental checkpoints hide this leak: checkpointed size is flat while full state grows.")
+    return steps

@@ -1,0 +1,292 @@
+"""`sentinel run`: the detection job, and the batch twin `sentinel replay` runs on recorded events.
+
+Two streaming queries read the input topic, each with its own checkpoint:
+
+* ``detection``: records -> validation -> usable events -> features (``transformWithState``,
+  event time) -> ``foreachBatch`` (:class:`BatchProcessor`): score with the champions, run the
+  incident policy, publish incidents, append the feature log;
+* ``dead_letters``: records -> validation -> unusable records to the dead-letter topic, and a
+  sample of the usable ones to the Great Expectations suite in a background thread.
+
+Exactly-once where it is cheap, at-least-once where it is not: the policy state is saved per
+micro-batch id and a re-run batch starts from the state before it, so it re-sends the same
+incident ids; the feature log file of a batch is named by its id and overwritten on a re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from feature_store.compute import batch_features, event_frame, stream_features
+from feature_store.definitions import feature_row_schema
+from models.registry import LoadedDetector
+from pipelines.config import SentinelConfig
+from pipelines.detection import policy
+from pipelines.detection.data_quality import BackgroundValidator, flatten
+from pipelines.detection.observability import MetricsListener
+from pipelines.detection.scoring import ChampionCache, score_rows
+from pipelines.detection.validation import check_event, dead_letters, valid_values, validate_records
+from pipelines.io import kafka_clients
+from pipelines.io.kafka_stream import read_kafka_stream, write_kafka_batch
+
+log = logging.getLogger(__name__)
+
+# MLflow's HTTP client retries for minutes by default; the job would rather score with what it has.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+DETECTION_QUERY, DEAD_LETTER_QUERY = "detection", "dead_letters"
+KEEP_POLICY_STATES = 5
+
+
+class PolicyStore:
+    """The policy state after each micro-batch, one JSON file per batch id."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _ids(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := re.fullmatch(r"state-(\d+)\.json", p.name)))
+
+    def load_before(self, batch_id: int) -> dict:
+        """The state as it was after the latest batch before ``batch_id`` (a re-run batch starts there)."""
+        earlier = [i for i in self._ids() if i < batch_id]
+        if not earlier:
+            return {}
+        return json.loads((self.directory / f"state-{earlier[-1]:012d}.json").read_text())
+
+    def save(self, batch_id: int, state: dict) -> None:
+        path = self.directory / f"state-{batch_id:012d}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, separators=(",", ":")))
+        tmp.replace(path)
+        for old in self._ids()[:-KEEP_POLICY_STATES]:
+            (self.directory / f"state-{old:012d}.json").unlink(missing_ok=True)
+
+
+@dataclass
+class IncidentSink:
+    """Where incident events go: the incident topic (live) or a list (replay, tests)."""
+
+    config: SentinelConfig | None = None
+    collected: list[dict] = field(default_factory=list)
+    _producer: object = None
+
+    def publish(self, incidents: Sequence[dict]) -> None:
+        if self.config is None:
+            self.collected.extend(incidents)
+            return
+        if self._producer is None:
+            kafka = self.config.kafka
+            self._producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
+        futures = [self._producer.send(self.config.topics.incidents, key=i["incident_id"].encode(),
+                                       value=json.dumps(i, separators=(",", ":")).encode()) for i in incidents]
+        self._producer.flush()
+        for future in futures:
+            future.get(timeout=30)  # raise here, so the batch fails and is re-run, rather than lose one
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+
+
+def _arrow_schema() -> pa.Schema:
+    types = {"string": pa.string(), "bigint": pa.int64(), "boolean": pa.bool_(), "double": pa.float64()}
+    return pa.schema([pa.field(f.name, types[f.dataType.simpleString()]) for f in feature_row_schema().fields])
+
+
+def write_feature_log(rows: pd.DataFrame, root: Path, batch_id: int) -> None:
+    """The batch's feature rows under ``root/date=YYYY-MM-DD/``, one file per batch id (a re-run overwrites it)."""
+    if rows.empty:
+        return
+    schema = _arrow_schema()
+    dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
+    for date, part in rows.groupby(dates):
+        folder = Path(root) / f"date={date}"
+        folder.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pandas(part.loc[:, schema.names], schema=schema, preserve_index=False)
+        pq.write_table(table, folder / f"live-batch-{batch_id:012d}.parquet")
+
+
+class BatchProcessor:
+    """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
+
+    def __init__(self, config: SentinelConfig, models: Callable[[], dict[str, LoadedDetector]], sink: IncidentSink,
+                 policy_store: PolicyStore | None = None, feature_log: Path | None = None):
+        self.config = config
+        self.models = models
+        self.sink = sink
+        self.policy_store = policy_store
+        self.feature_log = feature_log
+        self.settings = policy.PolicySettings.from_config(config.detection)
+        self.state: dict = {}
+        self.incidents_published = 0
+
+    def process_rows(self, rows: pd.DataFrame, batch_id: int) -> list[dict]:
+        """The pure part: rows in, incident events out (the state advances)."""
+        rows = rows[~rows["is_late"].fillna(False).astype(bool)].reset_index(drop=True)
+        models = self.models()
+        if self.policy_store is not None:
+            self.state = self.policy_store.load_before(batch_id)
+        scores = score_rows(rows, models)
+        rules = {family: m.post_rule for family, m in models.items()}
+        incidents = policy.step(self.state, rows, scores, rules, self.settings)
+        return incidents
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        rows = batch.toPandas()
+        incidents = self.process_rows(rows, batch_id)
+        if self.feature_log is not None:
+            write_feature_log(rows[~rows["is_late"].fillna(False).astype(bool)], self.feature_log, batch_id)
+        self.sink.publish(incidents)
+        if self.policy_store is not None:
+            self.policy_store.save(batch_id, self.state)
+        self.incidents_published += len(incidents)
+        for incident in incidents:
+            log.info("incident %s %s: %s", incident["event"], incident["incident_id"], incident["summary"])
+        log.info("batch %d: %d feature rows, %d incident events in %.1fs", batch_id, len(rows), len(incidents),
+                 time.monotonic() - started)
+
+
+class DeadLetterProcessor:
+    """Send a batch's unusable records to the dead-letter topic; hand a sample to the GX suite."""
+
+    def __init__(self, config: SentinelConfig, validator: BackgroundValidator | None):
+        self.config = config
+        self.validator = validator
+        self.dead_letters = 0
+
+    def __call__(self, validated: DataFrame, batch_id: int) -> None:
+        validated = validated.persist()
+        try:
+            letters = dead_letters(validated)
+            count = letters.count()
+            if count:
+                write_kafka_batch(letters, self.config, self.config.topics.dead_letter)
+                self.dead_letters += count
+                log.warning("batch %d: %d records to the dead-letter topic %s", batch_id, count,
+                            self.config.topics.dead_letter)
+            if self.validator is not None and self.validator.due():
+                sample = valid_values(validated).limit(self.config.detection.gx_sample_rows).toPandas()
+                self.validator.submit(flatten(json.loads(v) for v in sample["value"]), batch_id)
+        finally:
+            validated.unpersist()
+
+
+@dataclass
+class RunningJob:
+    spark: SparkSession
+    queries: list
+    processor: BatchProcessor
+    dead_letter_processor: DeadLetterProcessor
+    listener: MetricsListener
+    validator: BackgroundValidator
+
+    def await_termination(self, timeout_s: float | None = None) -> None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while all(q.isActive for q in self.queries):
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            for q in self.queries:
+                if q.exception() is not None:
+                    raise q.exception()
+            time.sleep(0.5)
+        for q in self.queries:
+            q.awaitTermination()  # raises the query's error, if it failed
+
+    def stop(self) -> None:
+        for q in self.queries:
+            q.stop()
+        self.spark.streams.removeListener(self.listener)
+        self.processor.sink.close()
+        self.validator.wait(10)
+
+
+def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
+                    available_now: bool = False) -> RunningJob:
+    """Start both queries on the configured input topic; the caller awaits or stops them."""
+    kafka = config.kafka
+    kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
+    kafka_clients.ensure_topics(kafka.bootstrap_servers, kafka.client_kwargs(),
+                                [config.topics.input, config.topics.incidents, config.topics.dead_letter],
+                                kafka.topic_partitions)
+    detection = config.detection
+    max_future_ms = int(detection.max_future_s * 1000)
+    records = read_kafka_stream(spark, config, config.topics.input)
+    validated = validate_records(records, max_future_ms)
+
+    processor = BatchProcessor(config, cache.current, IncidentSink(config),
+                               PolicyStore(config.checkpoint_dir(DETECTION_QUERY) / "policy"),
+                               Path(config.features.offline_path) / "live")
+    validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",
+                                    detection.gx_min_interval_s)
+    dlq = DeadLetterProcessor(config, validator)
+    listener = MetricsListener(Path(detection.metrics_file), processor, dlq, cache)
+    spark.streams.addListener(listener)
+
+    features = stream_features(event_frame(valid_values(validated)), int(config.features.lateness_s * 1000),
+                               config.features.idle_timeout_ms)
+
+    def trigger(writer):
+        return writer.trigger(availableNow=True) if available_now else writer.trigger(
+            processingTime=config.spark.trigger_interval)
+
+    queries = [
+        trigger(features.writeStream.foreachBatch(processor).queryName(DETECTION_QUERY)
+                .option("checkpointLocation", str(config.checkpoint_dir(DETECTION_QUERY)))).start(),
+        trigger(validated.writeStream.foreachBatch(dlq).queryName(DEAD_LETTER_QUERY)
+                .option("checkpointLocation", str(config.checkpoint_dir(DEAD_LETTER_QUERY)))).start(),
+    ]
+    return RunningJob(spark, queries, processor, dlq, listener, validator)
+
+
+# --- replay ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayResult:
+    events: int
+    dead_letters: list[dict]
+    incidents: list[dict]
+
+
+def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Path],
+           models: dict[str, LoadedDetector]) -> ReplayResult:
+    """The live pipeline on recorded events, in event time: the same validation, features,
+    scoring and policy, so the same events give the same incidents as the live job."""
+    lines, letters = [], []
+    far_future = 2**62  # a recording is judged by its own clock, not today's
+    for path in paths:
+        with open(path, "rb") as handle:
+            for number, raw in enumerate(handle):
+                raw = raw.rstrip(b"\r\n")
+                if not raw.strip():
+                    continue
+                _, reason, error = check_event(raw, now_ms=far_future)
+                if reason:
+                    letters.append({"reason": reason, "error": error, "source_topic": str(path), "partition": 0,
+                                    "offset": number, "kafka_timestamp": None, "key": None,
+                                    "value": raw.decode("utf-8", "replace"), "value_encoding": "utf-8"})
+                else:
+                    lines.append(raw.decode("utf-8"))
+    processor = BatchProcessor(config, lambda: models, IncidentSink())
+    if lines:
+        events = spark.createDataFrame(pd.DataFrame({"value": lines}), "value string")
+        rows = batch_features(event_frame(events), config.features.idle_timeout_ms).toPandas()
+        processor.sink.publish(processor.process_rows(rows, 0))
+    return ReplayResult(len(lines), letters, processor.sink.collected)

@@ -1,0 +1,92 @@
+"""The job's own health, where operators look: the log and a Prometheus text file.
+
+A :class:`MetricsListener` (Spark's ``StreamingQueryListener``) logs each query's progress (input
+and processing rate, batch duration, state rows, events dropped behind the watermark, watermark
+lag) and rewrites the Prometheus text file after every batch, atomically, for node_exporter's
+textfile collector or any scraper that reads files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger(__name__)
+
+PREFIX = "checkpoint_sentinel"
+
+
+def _watermark_ms(progress: Any) -> int | None:
+    text = (progress.eventTime or {}).get("watermark")
+    if not text:
+        return None
+    ms = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    return ms or None  # Spark reports the epoch before the first watermark
+
+
+class MetricsListener(StreamingQueryListener):
+    def __init__(self, path: Path, processor: Any = None, dead_letters: Any = None, models: Any = None):
+        self.path = Path(path)
+        self.processor = processor
+        self.dead_letters = dead_letters
+        self.models = models
+        self.queries: dict[str, dict[str, float]] = {}
+
+    def onQueryStarted(self, event) -> None:
+        log.info("query %s started (id %s)", event.name, event.id)
+
+    def onQueryProgress(self, event) -> None:
+        p = event.progress
+        state = p.stateOperators or []
+        watermark = _watermark_ms(p)
+        metrics = {
+            "input_rows": float(p.numInputRows),
+            "input_rows_per_second": float(p.inputRowsPerSecond or 0.0),
+            "processed_rows_per_second": float(p.processedRowsPerSecond or 0.0),
+            "batch_duration_seconds": float((p.durationMs or {}).get("triggerExecution", 0)) / 1000.0,
+            "batch_id": float(p.batchId),
+            "state_rows": float(sum(s.numRowsTotal for s in state)),
+            "rows_dropped_by_watermark": float(sum(s.numRowsDroppedByWatermark for s in state)),
+        }
+        if watermark is not None:
+            metrics["watermark_lag_seconds"] = max(0.0, time.time() - watermark / 1000.0)
+        self.queries[p.name or str(p.id)] = metrics
+        log.info("%s batch %d: %d rows, %.0f rows/s in, %.0f rows/s processed, %.1fs, %d state rows%s", p.name,
+                 p.batchId, p.numInputRows, metrics["input_rows_per_second"], metrics["processed_rows_per_second"],
+                 metrics["batch_duration_seconds"], metrics["state_rows"],
+                 f", watermark lag {metrics['watermark_lag_seconds']:.0f}s" if watermark is not None else "")
+        self.write()
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        if event.exception:
+            log.error("query %s stopped with an error: %s", event.id, event.exception.splitlines()[0])
+
+    def text(self) -> str:
+        lines = []
+        for name, metrics in sorted(self.queries.items()):
+            for metric, value in sorted(metrics.items()):
+                lines.append(f'{PREFIX}_{metric}{{query="{name}"}} {value:g}')
+        if self.processor is not None:
+            lines.append(f"{PREFIX}_incident_events_total {self.processor.incidents_published}")
+        if self.dead_letters is not None:
+            lines.append(f"{PREFIX}_dead_letters_total {self.dead_letters.dead_letters}")
+        if self.models is not None:
+            lines.append(f"{PREFIX}_model_registry_reachable {0 if self.models.registry_error else 1}")
+            for family, version in sorted(self.models.versions().items()):
+                lines.append(f'{PREFIX}_model_version{{family="{family}"}} {version}')
+        return "\n".join(lines) + "\n"
+
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(self.text())
+        tmp.replace(self.path)

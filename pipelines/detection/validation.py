@@ -1,0 +1,153 @@
+"""Input validation: every Kafka record is either a usable event or a dead letter with its reason.
+
+:func:`check_event` is the one rule, a pure function over the record's bytes; the live job runs
+it on each micro-batch (:func:`validate_records`) and ``sentinel replay`` on every line of its
+files, so both accept and reject exactly the same events. Beyond the input contract it rejects
+values no Flink cluster can report: ratios far above 1, a checkpoint acknowledged before it was
+triggered, timestamps in seconds rather than milliseconds, or further in the future than clock
+skew explains.
+
+>>> check_event(b'{"schema_version": 2}', now_ms=0)[1]
+'unknown_schema_version'
+>>> check_event(b'not json', now_ms=0)[1]
+'malformed_json'
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Iterator
+
+import pandas as pd
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from pipelines.contracts import INPUT
+
+KNOWN_SCHEMA_VERSIONS = (1,)
+KNOWN_KINDS = ("checkpoint", "vertex_metrics", "job_status")
+EARLIEST_TS = 1_000_000_000_000  # 2001-09-09: anything before is epoch seconds sent as ms
+# Flink reports these per second of wall time (ms/s) or as shares; a little above the bound is
+# rounding in its moving averages, far above is a unit or producer bug.
+RATIO_BOUNDS = {"busy_time_ms_per_s": 1100.0, "backpressured_time_ms_per_s": 1100.0, "idle_time_ms_per_s": 1100.0,
+                "in_pool_usage": 1.5, "out_pool_usage": 1.5}
+
+VALIDATED_SCHEMA = StructType([
+    StructField("key", StringType()), StructField("value", StringType()),
+    StructField("value_encoding", StringType()), StructField("topic", StringType()),
+    StructField("partition", LongType()), StructField("offset", LongType()),
+    StructField("kafka_timestamp", LongType()), StructField("reason", StringType()),
+    StructField("error", StringType()),
+])
+
+
+def check_event(value: bytes | None, now_ms: int, max_future_ms: int = 300_000) -> tuple[dict | None, str | None, str | None]:
+    """``(event, None, None)`` for a usable record, else ``(None, reason, error)``."""
+    if value is None:
+        return None, "malformed_json", "the record has no value (a tombstone?)"
+    try:
+        event = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, "malformed_json", f"not JSON: {exc}"
+    if not isinstance(event, dict):
+        return None, "malformed_json", f"a JSON {type(event).__name__}, not an object"
+    version = event.get("schema_version")
+    if version not in KNOWN_SCHEMA_VERSIONS:
+        return None, "unknown_schema_version", f"schema_version {version!r} is not one of {list(KNOWN_SCHEMA_VERSIONS)}"
+    if event.get("kind") not in KNOWN_KINDS:
+        return None, "unknown_kind", f"kind {event.get('kind')!r} is not one of {list(KNOWN_KINDS)}"
+    errors = INPUT.errors(event)
+    if errors:
+        return None, "schema_violation", "; ".join(errors[:5]) + (f" (+{len(errors) - 5} more)" if len(errors) > 5 else "")
+    impossible = _impossible(event, now_ms, max_future_ms)
+    if impossible:
+        return None, "impossible_value", impossible
+    return event, None, None
+
+
+def _impossible(event: dict, now_ms: int, max_future_ms: int) -> str | None:
+    ts = event["ts"]
+    if ts < EARLIEST_TS:
+        return f"ts {ts} is before 2001: epoch seconds sent where epoch milliseconds belong?"
+    if ts > now_ms + max_future_ms:
+        return f"ts {ts} is {(ts - now_ms) / 1000:.0f}s in the future (allowed: {max_future_ms / 1000:.0f}s of clock skew)"
+    if event["kind"] == "checkpoint":
+        if event["trigger_ts"] > ts:
+            return f"checkpoint {event['checkpoint_id']} finished (ts {ts}) before it was triggered ({event['trigger_ts']})"
+        if event["num_acknowledged_subtasks"] > event["num_subtasks"]:
+            return (f"checkpoint {event['checkpoint_id']}: {event['num_acknowledged_subtasks']} acknowledged of "
+                    f"{event['num_subtasks']} subtasks")
+    if event["kind"] == "vertex_metrics":
+        for subtask in event["subtasks"]:
+            for name, bound in RATIO_BOUNDS.items():
+                value = subtask.get(name)
+                if value is not None and not 0 <= value <= bound:
+                    return f"{event['vertex_name']} subtask {subtask.get('index')}: {name} = {value} (expected 0..{bound:g})"
+    if event["kind"] == "job_status":
+        used, limit = event.get("jm_heap_used_bytes"), event.get("jm_heap_max_bytes")
+        if used is not None and limit and used > 1.5 * limit:
+            return f"JobManager heap used {used} is far above its maximum {limit}"
+    return None
+
+
+def _text(raw: Any) -> tuple[str | None, str]:
+    """The record's bytes as UTF-8 text, or base64 when they are not text."""
+    if raw is None:
+        return None, "utf-8"
+    raw = bytes(raw)
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(raw).decode("ascii"), "base64"
+
+
+def _check_partitions(now_ms_fn, max_future_ms: int):
+    def check(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        now_ms = now_ms_fn()
+        for batch in batches:
+            out = {name: [] for name in VALIDATED_SCHEMA.fieldNames()}
+            for key, value, topic, partition, offset, ts in zip(batch["key"], batch["value"], batch["topic"],
+                                                                 batch["partition"], batch["offset"], batch["timestamp"]):
+                _, reason, error = check_event(None if value is None else bytes(value), now_ms, max_future_ms)
+                text, encoding = _text(value)
+                out["key"].append(_text(key)[0])
+                out["value"].append(text)
+                out["value_encoding"].append(encoding)
+                out["topic"].append(topic)
+                out["partition"].append(partition)
+                out["offset"].append(offset)
+                out["kafka_timestamp"].append(None if ts is None or pd.isna(ts) else int(pd.Timestamp(ts).value // 1_000_000))
+                out["reason"].append(reason)
+                out["error"].append(error)
+            yield pd.DataFrame(out)
+    return check
+
+
+def validate_records(records: DataFrame, max_future_ms: int, now_ms_fn=None) -> DataFrame:
+    """Kafka records (the source's columns) with ``reason``/``error`` set on the unusable ones.
+
+    ``now_ms_fn`` is the clock for "in the future" (wall time by default), read once per
+    partition of each micro-batch.
+    """
+    import time
+
+    clock = now_ms_fn or (lambda: int(time.time() * 1000))
+    return records.select("key", "value", "topic", "partition", "offset", "timestamp").mapInPandas(
+        _check_partitions(clock, max_future_ms), VALIDATED_SCHEMA)
+
+
+def valid_values(validated: DataFrame) -> DataFrame:
+    """The usable events' JSON text, one column ``value``."""
+    return validated.filter(F.col("reason").isNull()).select("value")
+
+
+def dead_letters(validated: DataFrame) -> DataFrame:
+    """Unusable records as dead-letter contract documents, keyed like their input record."""
+    rows = validated.filter(F.col("reason").isNotNull())
+    document = F.to_json(F.struct(
+        F.col("reason"), F.col("error"), F.col("topic").alias("source_topic"), F.col("partition"), F.col("offset"),
+        F.col("kafka_timestamp"), F.col("key"), F.col("value"), F.col("value_encoding"),
+    ), {"ignoreNullFields": "false"})
+    return rows.select(F.col("key"), document.alias("value"))

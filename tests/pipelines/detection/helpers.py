@@ -1,0 +1,76 @@
+"""Shared steps of the detection job's end-to-end tests: publish, run, read back."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from pipelines import simulator
+from pipelines.config import SentinelConfig
+from pipelines.contracts import input_event_key
+from pipelines.io import kafka_clients
+
+MINUTE = 60_000
+
+
+def sweep_event(after_ts: int, config: SentinelConfig) -> dict:
+    """A status event of a separate job, late enough in event time that every real job's waiting
+    events are consumed (its idle timer fires), so live and batch features cover the same rows."""
+    ts = after_ts + config.features.idle_timeout_ms + int(config.features.lateness_s * 1000) + 2 * MINUTE
+    return {"schema_version": 1, "kind": "job_status", "cluster": "sweep", "job_id": "f" * 32, "job_name": "sweep",
+            "ts": ts, "source": "test", "state": "RUNNING", "num_restarts": 0, "checkpoints_completed_total": 0,
+            "checkpoints_failed_total": 0, "checkpoints_in_progress": 0, "checkpoint_interval_ms": 60_000,
+            "checkpoint_timeout_ms": 600_000, "max_state_size_bytes": None, "jm_heap_used_bytes": None,
+            "jm_heap_max_bytes": None}
+
+
+def fleet(names: list[str], seed: int, minutes: int) -> list[simulator.SimulatedJob]:
+    return [simulator.simulate_job(name, seed, i, minutes * MINUTE, cluster="e2e") for i, name in enumerate(names)]
+
+
+def events_with_sweep(jobs, config: SentinelConfig) -> list[dict]:
+    events = list(simulator.merged_events(jobs))
+    return events + [sweep_event(events[-1]["ts"], config)]
+
+
+def publish(config: SentinelConfig, events: list[dict], raw: list[bytes] = ()) -> None:
+    kafka = config.kafka
+    producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
+    for event in events:
+        producer.send(config.topics.input, key=input_event_key(event), value=json.dumps(event).encode())
+    for value in raw:
+        producer.send(config.topics.input, key=b"bad/record", value=value)
+    producer.flush()
+    producer.close()
+
+
+def read_topic(config: SentinelConfig, topic: str) -> list[dict]:
+    kafka = config.kafka
+    consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
+    try:
+        return [json.loads(r.value) for r in kafka_clients.read_records(consumer, topic, timeout_s=30)]
+    finally:
+        consumer.close()
+
+
+def write_jsonl(path: Path, events: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return path
+
+
+def opened(incidents: list[dict], cluster: str = "e2e") -> list[dict]:
+    return [i for i in incidents if i["event"] == "opened" and i["cluster"] == cluster]
+
+
+def key(incident: dict) -> tuple:
+    return incident["incident_id"], incident["event"], incident["updated_at"], incident["severity"]
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, every_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout_s:.0f}s")
+        time.sleep(every_s)

@@ -1,0 +1,149 @@
+"""The incident policy on hand-made score sequences: when incidents open, update and resolve."""
+
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+
+from models.post_rule import PostRule
+from pipelines.contracts import INCIDENT
+from pipelines.detection import policy
+from pipelines.detection.policy import PolicySettings, step
+
+MIN = 60_000
+RULES = {f: PostRule(0.5, 2, 3) for f in policy.FAMILY_ORDER}
+SETTINGS = PolicySettings(resolve_after_ms=10 * MIN, critical_eta_s=3600)
+
+
+def rows_and_scores(points, family="state_leak", vertex="v1", job="j1", **features):
+    """Feature rows (one per (minute, score)) and their scores for one entity."""
+    rows, scores = [], []
+    for i, (minute, score) in enumerate(points):
+        extra = {k: (v[i] if isinstance(v, list) else v) for k, v in features.items()}
+        rows.append({"cluster": "c", "job_id": job, "job_name": "orders", "vertex_id": vertex,
+                     "vertex_name": "Window" if vertex else None, "ts": minute * MIN, "trigger_kind": "checkpoint",
+                     "is_late": False, "job_state": "RUNNING", "last_failure_message": None, **extra})
+        scores.append({"row": i, "family": family, "score": score, "model_name": f"sentinel-{family}",
+                       "model_version": "3", "model_alias": "champion"})
+    return pd.DataFrame(rows), pd.DataFrame(scores)
+
+
+def test_opens_after_k_of_n_and_resolves_after_the_clear_time():
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.1), (2, 0.8), (3, 0.9), (4, 0.1), (5, 0.1), (6, 0.1),
+                                    (10, 0.1), (16, 0.1), (17, 0.1)])
+    state: dict = {}
+    events = step(state, rows, scores, RULES, SETTINGS)
+    assert [(e["event"], e["updated_at"] // MIN) for e in events] == [("opened", 2), ("resolved", 16)]
+    opened, resolved = events
+    assert opened["incident_id"] == resolved["incident_id"] == policy.incident_id("c", "j1", "state_leak", "v1", 2 * MIN)
+    assert resolved["resolved_at"] == 16 * MIN and resolved["opened_at"] == 2 * MIN
+    assert opened["model"] == {"name": "sentinel-state_leak", "version": "3", "alias": "champion"}
+    for event in events:
+        assert INCIDENT.errors(event) == []
+
+
+def test_the_same_rows_from_the_same_state_give_the_same_events_in_any_batching():
+    rows, scores = rows_and_scores([(m, 0.9 if 3 <= m < 9 else 0.1) for m in range(30)])
+    whole = step({}, rows, scores, RULES, SETTINGS)
+    state: dict = {}
+    split = []
+    for part in (range(0, 7), range(7, 12), range(12, 30)):
+        idx = list(part)
+        r = rows.iloc[idx].reset_index(drop=True)
+        s = scores[scores["row"].isin(idx)].assign(row=lambda d: d["row"] - idx[0])
+        before = copy.deepcopy(state)
+        first = step(state, r, s, RULES, SETTINGS)
+        # A re-run micro-batch starts from the state before it and re-sends the same ids.
+        assert step(before, r, s, RULES, SETTINGS) == first
+        split += first
+    assert split == whole and [e["event"] for e in whole] == ["opened", "resolved"]
+
+
+def test_a_leak_with_a_near_limit_forecast_is_critical_and_updates_when_the_eta_moves():
+    # The features carry the largest subtask's ETA to the job's own limit.
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (2, 0.9), (3, 0.9)],
+                                   limit_eta_s=[20_000, 19_940, 1_200, 1_150], limit_ratio=0.5,
+                                   vertex_state_size_bytes=100.0)
+    events = step({}, rows, scores, RULES, SETTINGS)
+    assert [(e["event"], e["severity"]) for e in events] == [("opened", "warning"), ("updated", "critical")]
+    assert events[1]["forecast"]["eta_ms"] == 1_200_000
+    assert "limit in 20 min" in events[1]["summary"]
+    assert events[1]["runbook"] and any("TTL" in step_ for step_ in events[1]["runbook"])
+
+
+def test_severity_escalates_at_once_but_steps_down_only_after_the_clear_time():
+    # Half the checkpoints failing is critical, 40% a warning; the rate hovers, then stays lower.
+    fractions = [0.6, 0.6, 0.4, 0.6] + [0.4] * 12
+    rows, scores = rows_and_scores([(m, 0.9) for m in range(len(fractions))], family="checkpoint_failure",
+                                   vertex=None, checkpoint_failed_fraction=fractions)
+    events = step({}, rows, scores, RULES, SETTINGS)
+    assert [(e["event"], e["severity"], e["updated_at"] // MIN) for e in events] == [
+        ("opened", "critical", 1), ("updated", "warning", 14)]
+
+
+def test_anomalies_only_when_no_family_explains_the_job():
+    leak_rows, leak_scores = rows_and_scores([(m, 0.9) for m in range(5)])
+    job_rows, anomaly_scores = rows_and_scores([(m, 0.9) for m in range(5)], family="anomaly", vertex=None)
+    rows = pd.concat([leak_rows, job_rows], ignore_index=True)
+    scores = pd.concat([leak_scores, anomaly_scores.assign(row=anomaly_scores["row"] + len(leak_rows))],
+                       ignore_index=True)
+    families = [e["family"] for e in step({}, rows, scores, RULES, SETTINGS)]
+    assert families == ["state_leak"]
+    alone = step({}, job_rows, anomaly_scores, RULES, SETTINGS)
+    assert [(e["family"], e["severity"]) for e in alone] == [("anomaly", "info")]
+
+
+def test_a_job_that_ends_resolves_its_open_incidents():
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (2, 0.9)])
+    state: dict = {}
+    assert [e["event"] for e in step(state, rows, scores, RULES, SETTINGS)] == ["opened"]
+    ended = rows.iloc[[0]].assign(ts=3 * MIN, job_state="CANCELED", vertex_id=None).reset_index(drop=True)
+    events = step(state, ended, scores.iloc[0:0], RULES, SETTINGS)
+    assert [(e["event"], e["vertex_id"]) for e in events] == [("resolved", "v1")]
+    assert "the job ended" in events[0]["summary"]
+
+
+@pytest.mark.parametrize("family,features,expected", [
+    ("skew", {"hot_subtask": 3.0, "records_in_max_over_mean": 3.4}, "subtask 3 carries 3.4x"),
+    ("backpressure", {"busy_max": 0.98}, "is the bottleneck (busy 98%)"),
+    ("checkpoint_failure", {"checkpoint_failed_fraction": 0.5, "last_failure_message": "Checkpoint expired"},
+     "50% of recent checkpoints failed"),
+])
+def test_each_family_names_where_and_what(family, features, expected):
+    vertex = None if family == "checkpoint_failure" else "v1"
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family=family, vertex=vertex, **features)
+    (opened,) = step({}, rows, scores, RULES, SETTINGS)
+    assert expected in opened["summary"]
+    if family == "skew":
+        assert opened["subtask_index"] == 3
+    if family == "checkpoint_failure":
+        assert opened["evidence"]["last_failure_message"] == "Checkpoint expired"
+    assert opened["labels"] == {"cluster": "c", "job_name": "orders", "family": family, "severity": opened["severity"],
+                                "event": "opened"}
+
+
+def test_checkpoint_failures_caused_by_a_leak_are_folded_into_the_leak_incident():
+    leak_rows, leak_scores = rows_and_scores([(m, 0.9) for m in range(5)])
+    job_rows, failure_scores = rows_and_scores([(m, 0.9) for m in range(5)], family="checkpoint_failure", vertex=None)
+    rows = pd.concat([leak_rows, job_rows], ignore_index=True)
+    scores = pd.concat([leak_scores, failure_scores.assign(row=failure_scores["row"] + len(leak_rows))],
+                       ignore_index=True)
+    assert [e["family"] for e in step({}, rows, scores, RULES, SETTINGS)] == ["state_leak"]
+    # Without the leak the same failures are an incident of their own.
+    assert [e["family"] for e in step({}, job_rows, failure_scores, RULES, SETTINGS)] == ["checkpoint_failure"]
+
+
+def test_a_symptom_incident_is_resolved_when_its_cause_is_recognised():
+    failure_rows, failure_scores = rows_and_scores([(m, 0.9) for m in range(6)], family="checkpoint_failure",
+                                                   vertex=None)
+    leak_rows, leak_scores = rows_and_scores([(m, 0.9 if m >= 3 else 0.1) for m in range(6)])
+    rows = pd.concat([failure_rows, leak_rows], ignore_index=True)
+    scores = pd.concat([failure_scores, leak_scores.assign(row=leak_scores["row"] + len(failure_rows))],
+                       ignore_index=True)
+    events = step({}, rows, scores, RULES, SETTINGS)
+    assert [(e["event"], e["family"], e["updated_at"] // MIN) for e in events] == [
+        ("opened", "checkpoint_failure", 1), ("opened", "state_leak", 4), ("resolved", "checkpoint_failure", 4)]
+    assert events[2]["evidence"]["explained_by"] == events[1]["incident_id"]
+    assert INCIDENT.errors(events[2]) == []

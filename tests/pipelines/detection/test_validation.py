@@ -1,0 +1,66 @@
+"""Input validation: each kind of bad record gets its reason; good ones pass untouched."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from pipelines.contracts import DEAD_LETTER
+from pipelines.contracts.examples import example_events
+from pipelines.detection.validation import check_event, dead_letters, valid_values, validate_records
+
+NOW = 1_700_000_000_000 + 3_600_000
+CHECKPOINT, VERTEX, STATUS = list(example_events(3))
+
+
+def encoded(event) -> bytes:
+    return json.dumps(event).encode()
+
+
+def test_every_example_event_is_usable():
+    for event in example_events(30):
+        assert check_event(encoded(event), NOW) == (event, None, None)
+
+
+@pytest.mark.parametrize("value,reason,detail", [
+    (b"{not json", "malformed_json", "not JSON"),
+    (b"\xff\xfe\x00", "malformed_json", "not JSON"),
+    (b"[1, 2]", "malformed_json", "a JSON list"),
+    (None, "malformed_json", "tombstone"),
+    (encoded({**CHECKPOINT, "schema_version": 2}), "unknown_schema_version", "schema_version 2"),
+    (encoded({**CHECKPOINT, "kind": "savepoint"}), "unknown_kind", "'savepoint'"),
+    (encoded({**CHECKPOINT, "state_size_bytes": -5}), "schema_violation", "state_size_bytes"),
+    (encoded({k: v for k, v in STATUS.items() if k != "job_id"}), "schema_violation", "'job_id' is a required"),
+    (encoded({**CHECKPOINT, "ts": NOW + 3_600_000}), "impossible_value", "in the future"),
+    (encoded({**CHECKPOINT, "ts": 1_700_000_000, "trigger_ts": 1_600_000_000}), "impossible_value", "epoch seconds"),
+    (encoded({**CHECKPOINT, "trigger_ts": CHECKPOINT["ts"] + 1}), "impossible_value", "before it was triggered"),
+    (encoded({**VERTEX, "subtasks": [{**VERTEX["subtasks"][0], "in_pool_usage": 7.0}]}), "impossible_value",
+     "in_pool_usage = 7.0"),
+    (encoded({**VERTEX, "subtasks": [{**VERTEX["subtasks"][0], "busy_time_ms_per_s": 5000}]}), "impossible_value",
+     "busy_time_ms_per_s"),
+])
+def test_bad_records_are_named(value, reason, detail):
+    event, got_reason, error = check_event(value, NOW)
+    assert event is None and got_reason == reason
+    assert detail in error
+
+
+def test_the_spark_stage_splits_usable_events_from_dead_letters_with_their_origin(spark):
+    good = [encoded(e) for e in example_events(6)]
+    bad = [b"\xff\xfe garbage", encoded({**CHECKPOINT, "kind": "savepoint"})]
+    records = spark.createDataFrame(
+        [(b"c/j", value, "flink.metrics", 1, offset, None) for offset, value in enumerate(good + bad)],
+        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp")
+    validated = validate_records(records, 300_000, now_ms_fn=lambda: NOW)
+    usable = [json.loads(r.value) for r in valid_values(validated).collect()]
+    assert usable == [json.loads(v) for v in good]
+    letters = [json.loads(r.value) for r in dead_letters(validated).collect()]
+    assert [(d["reason"], d["offset"], d["partition"], d["source_topic"], d["key"]) for d in letters] == [
+        ("malformed_json", 6, 1, "flink.metrics", "c/j"), ("unknown_kind", 7, 1, "flink.metrics", "c/j")]
+    assert letters[0]["value_encoding"] == "base64"
+    assert base64.b64decode(letters[0]["value"]) == bad[0]  # the original bytes, exactly
+    assert letters[1]["value_encoding"] == "utf-8" and letters[1]["value"] == bad[1].decode()
+    for letter in letters:
+        assert DEAD_LETTER.errors(letter) == []
