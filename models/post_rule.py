@@ -7,9 +7,9 @@ validation scores and saved with the model it belongs to.
 A rule may also carry a *warm-up guard* (the leak detector's): while a job is younger than
 ``warmup_s`` (checkpoints seen times the checkpoint interval), or younger than
 ``steady_growth_warmup_s`` with its state growing in one straight line since it was first seen
-(long-horizon R^2 of at least ``steady_growth_r2``: windows filling, TTLs not expiring yet) or
-growing ever more slowly (deceleration below ``decelerating_below``: levelling off), growth is
-presumed to be warm-up, and a decision also needs a forecast that reaches the job's
+(long-horizon R^2 of at least ``steady_growth_r2``: windows filling, TTLs not expiring yet), or
+at any age while its growth keeps slowing down (deceleration below ``decelerating_below``:
+levelling off), growth is presumed to be warm-up, and a decision also needs a forecast that reaches the job's
 state limit within ``warmup_eta_s``. Healthy state grows too at first; only a limit in sight
 overrides that. Growth that starts after a plateau is not warm-up and is judged at once.
 
@@ -78,7 +78,9 @@ class PostRule:
         # Unknown deceleration: the earlier half was flat, so this growth began after a plateau.
         decelerating = np.nan_to_num(_vertex_else_job(vertex_deceleration, job_deceleration), nan=np.inf) \
             < self.decelerating_below
-        young = (age_s < self.warmup_s) | ((steady_growth | decelerating) & (age_s < self.steady_growth_warmup_s))
+        young = (age_s < self.warmup_s) | (steady_growth & (age_s < self.steady_growth_warmup_s))
+        # Growth that keeps slowing down is levelling off at any age (a leak does not decelerate).
+        young |= decelerating
         limit_in_sight = np.nan_to_num(np.asarray(limit_eta_s, dtype="float64"), nan=np.inf) <= self.warmup_eta_s
         return ~young | limit_in_sight
 

@@ -10,6 +10,7 @@ import pytest
 from pipelines.config import TopicsConfig
 from pipelines.io import kafka_clients
 
+
 def detection_config_for(broker_config, trained_store, folder: Path):
     """Topics, checkpoints and offline store of its own on the session broker, scoring with the
     session's champions."""
