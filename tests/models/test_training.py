@@ -70,6 +70,17 @@ def test_training_registers_every_family_and_moves_aliases_through_the_gate(spar
     again = run_training(spark, config, [small_dataset], families=["skew"], grid=grid, progress=lines.append)
     assert again[0].champion_version == skew.version
     assert again[0].champion == pytest.approx(skew.metrics, nan_ok=True)
+    assert again[0].promoted  # "at least as good" includes as good
+    champion = registry.alias_version(skew.registered_name, config.mlflow.alias)
+
+    # A deliberately worse model (it sees only the job's age and interval) is registered as the
+    # challenger, and the gate keeps the champion, saying why.
+    blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
+    worse = run_training(spark, config, [small_dataset], families=["skew"], grid=blind, progress=lines.append)[0]
+    assert not worse.promoted and worse.version != champion
+    assert registry.alias_version(skew.registered_name, config.mlflow.alias) == champion
+    assert registry.alias_version(skew.registered_name, registry.CHALLENGER) == worse.version
+    assert any("worse than the champion" in r or "does not beat the static baseline" in r for r in worse.reasons)
 
 
 def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
