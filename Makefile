@@ -21,6 +21,7 @@ test: java
 bench: java
 	$(BIN)/python benchmarks/kafka_io.py
 	$(BIN)/python benchmarks/features.py
+	$(BIN)/python benchmarks/detection.py
 
 venv: $(STAMP)
 

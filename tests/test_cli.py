@@ -63,3 +63,39 @@ def test_features_backfill_without_input_says_what_it_needs(tmp_path):
     result = run_sentinel("features", "backfill", env={"SENTINEL_STATE_DIR": str(tmp_path)})
     assert result.returncode == 2
     assert "needs event files or --dataset DIR" in result.stderr
+
+
+def test_run_without_any_model_says_to_train_first(broker_config, tmp_path):
+    result = run_sentinel("run", "--available-now", env={
+        "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": broker_config.kafka.bootstrap_servers})
+    assert result.returncode == 1
+    assert "no model has the alias 'champion'" in result.stderr and "sentinel train" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_replay_backtests_the_champions_on_a_recording(trained_store, tmp_path):
+    from pipelines import simulator
+
+    recording = tmp_path / "seed000.jsonl"
+    job = simulator.simulate_job("leak_seed000", seed=3)
+    simulator.write_jsonl(recording, job.events)
+    truth = tmp_path / "truth.jsonl"
+    simulator.write_jsonl(truth, [job.truth])
+    with recording.open("a") as out:
+        out.write("{not json\n")
+    result = run_sentinel("replay", str(recording), "--out", str(tmp_path / "incidents.jsonl"), "--truth", str(truth),
+                          env={"SENTINEL_STATE_DIR": str(tmp_path / "state"),
+                               "SENTINEL_MLFLOW__TRACKING_URI": trained_store.mlflow.tracking_uri,
+                               "SENTINEL_MLFLOW__REGISTRY_URI": trained_store.mlflow.registry_uri}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "injected faults: 1   detected: 1   missed: 0" in result.stdout
+    assert "1 unusable lines" in result.stdout
+    letters = (tmp_path / "incidents.dead_letters.jsonl").read_text().splitlines()
+    assert len(letters) == 1 and '"malformed_json"' in letters[0]
+    assert (tmp_path / "incidents.jsonl").read_text().count('"state_leak"') >= 1
+
+
+def test_replay_of_a_missing_file_says_which(tmp_path):
+    result = run_sentinel("replay", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o.jsonl"),
+                          env={"SENTINEL_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 1 and "no such events file" in result.stderr

@@ -38,7 +38,8 @@ from pipelines.detection import policy
 from pipelines.detection.data_quality import BackgroundValidator, flatten
 from pipelines.detection.observability import MetricsListener
 from pipelines.detection.scoring import ChampionCache, score_rows
-from pipelines.detection.validation import check_event, dead_letters, valid_values, validate_records
+from pipelines.detection.validation import (check_event, dead_letters, record_text, valid_values,
+                                            validate_records)
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream, write_kafka_batch
 
@@ -132,7 +133,7 @@ class BatchProcessor:
         self.sink = sink
         self.policy_store = policy_store
         self.feature_log = feature_log
-        self.settings = policy.PolicySettings.from_config(config.detection)
+        self.settings = policy.PolicySettings.from_config(config)
         self.state: dict = {}
         self.incidents_published = 0
 
@@ -279,9 +280,11 @@ def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Pa
                     continue
                 _, reason, error = check_event(raw, now_ms=far_future)
                 if reason:
+                    # The dead-letter contract's shape: the file stands in for the topic, the line for the offset.
+                    text, encoding = record_text(raw)
                     letters.append({"reason": reason, "error": error, "source_topic": str(path), "partition": 0,
                                     "offset": number, "kafka_timestamp": None, "key": None,
-                                    "value": raw.decode("utf-8", "replace"), "value_encoding": "utf-8"})
+                                    "value": text, "value_encoding": encoding})
                 else:
                     lines.append(raw.decode("utf-8"))
     processor = BatchProcessor(config, lambda: models, IncidentSink())

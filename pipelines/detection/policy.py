@@ -48,11 +48,13 @@ class PolicySettings:
     eta_change_ratio: float = 0.25
     critical_eta_s: float = 3600.0
     state_limit_bytes: int | None = None
+    forget_after_ms: int = 1_800_000  # a job silent this long, with nothing open, leaves the state
 
     @classmethod
-    def from_config(cls, detection) -> "PolicySettings":
+    def from_config(cls, config) -> "PolicySettings":
+        detection = config.detection
         return cls(int(detection.resolve_after_s * 1000), detection.eta_change_ratio, detection.critical_eta_s,
-                   detection.state_limit_bytes)
+                   detection.state_limit_bytes, config.features.idle_timeout_ms)
 
 
 def incident_id(cluster: str, job_id: str, family: str, vertex_id: str | None, opened_at: int) -> str:
@@ -85,6 +87,7 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         family = record["family"]
         job_key = f"{record['cluster']}/{record['job_id']}"
         job = state.setdefault(job_key, {})
+        job["_last_ts"] = max(job.get("_last_ts", 0), int(record["ts"]))
         entity_key = f"{family}/{record['vertex_id'] or ''}"
         entity = job.setdefault(entity_key, {"scores": [], "recent": [], "open": None})
         rule = rules[family]
@@ -104,7 +107,17 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         if any(e["event"] == "opened" for e in changes):
             events.extend(_supersede(job, family, entity["open"]["id"], record))
     events.extend(_terminal(state, rows))
+    _forget_silent_jobs(state, int(merged["ts"].max()), settings.forget_after_ms)
     return events
+
+
+def _forget_silent_jobs(state: dict, now_ts: int, forget_after_ms: int) -> None:
+    """Keep the state bounded by live jobs, as the feature state is: a job silent for the idle
+    timeout with no incident open is forgotten (its next event starts it afresh)."""
+    for job_key in [k for k, job in state.items()
+                    if job.get("_last_ts", now_ts) < now_ts - forget_after_ms
+                    and not any(isinstance(e, dict) and e.get("open") for e in job.values())]:
+        del state[job_key]
 
 
 def _supersede(job: dict, cause: str, cause_id: str, record: dict) -> list[dict]:

@@ -92,7 +92,7 @@ def _impossible(event: dict, now_ms: int, max_future_ms: int) -> str | None:
     return None
 
 
-def _text(raw: Any) -> tuple[str | None, str]:
+def record_text(raw: Any) -> tuple[str | None, str]:
     """The record's bytes as UTF-8 text, or base64 when they are not text."""
     if raw is None:
         return None, "utf-8"
@@ -111,8 +111,8 @@ def _check_partitions(now_ms_fn, max_future_ms: int):
             for key, value, topic, partition, offset, ts in zip(batch["key"], batch["value"], batch["topic"],
                                                                  batch["partition"], batch["offset"], batch["timestamp"]):
                 _, reason, error = check_event(None if value is None else bytes(value), now_ms, max_future_ms)
-                text, encoding = _text(value)
-                out["key"].append(_text(key)[0])
+                text, encoding = record_text(value)
+                out["key"].append(record_text(key)[0])
                 out["value"].append(text)
                 out["value_encoding"].append(encoding)
                 out["topic"].append(topic)

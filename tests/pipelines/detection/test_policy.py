@@ -147,3 +147,14 @@ def test_a_symptom_incident_is_resolved_when_its_cause_is_recognised():
         ("opened", "checkpoint_failure", 1), ("opened", "state_leak", 4), ("resolved", "checkpoint_failure", 4)]
     assert events[2]["evidence"]["explained_by"] == events[1]["incident_id"]
     assert INCIDENT.errors(events[2]) == []
+
+
+def test_silent_jobs_with_nothing_open_are_forgotten():
+    state: dict = {}
+    quiet_rows, quiet_scores = rows_and_scores([(0, 0.1)], job="quiet")
+    step(state, quiet_rows, quiet_scores, RULES, SETTINGS)
+    leaky_rows, leaky_scores = rows_and_scores([(0, 0.9), (1, 0.9)], job="leaky")
+    step(state, leaky_rows, leaky_scores, RULES, SETTINGS)
+    later_rows, later_scores = rows_and_scores([(45, 0.1)], job="other")
+    step(state, later_rows, later_scores, RULES, SETTINGS)  # 45 minutes on: past the 30-minute idle timeout
+    assert sorted(state) == ["c/leaky", "c/other"]  # the leaky job keeps its open incident
