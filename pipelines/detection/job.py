@@ -28,7 +28,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from feature_store.compute import batch_features, event_frame, stream_features
 from feature_store.definitions import feature_row_schema
