@@ -210,9 +210,12 @@ class RunningJob:
             q.awaitTermination()  # raises the query's error, if it failed
 
     def stop(self) -> None:
+        # The listener goes first: Spark posts the termination events asynchronously, and a
+        # Python listener called after its process has moved on only fills the log with errors.
+        self.listener.write()
+        self.spark.streams.removeListener(self.listener)
         for q in self.queries:
             q.stop()
-        self.spark.streams.removeListener(self.listener)
         self.processor.sink.close()
         self.validator.wait(10)
 
