@@ -15,8 +15,6 @@ import time
 import uuid
 from pathlib import Path
 
-from kafka import TopicPartition
-
 from pipelines import simulator
 from pipelines.config import SentinelConfig
 from pipelines.detection.incident_view import HEADER, format_incident
@@ -80,10 +78,7 @@ def run_demo(config: SentinelConfig, fleet: int = 24, seed: int = 0, duration: s
     publisher.start()
 
     consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
-    partitions = [TopicPartition(config.topics.incidents, p) for p in incidents_start]
-    consumer.assign(partitions)
-    for tp in partitions:
-        consumer.seek(tp, incidents_start[tp.partition])
+    kafka_clients.assign_from(consumer, config.topics.incidents, incidents_start)
     job_ids = {j.truth["job_id"] for j in jobs}
     incidents: list[dict] = []
     out(HEADER)

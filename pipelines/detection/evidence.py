@@ -45,8 +45,8 @@ def leak_forecast(row: Mapping[str, Any], configured_limit: int | None) -> dict 
     """
     eta_s, limit_ratio = _num(row, "limit_eta_s"), _num(row, "vertex_limit_ratio") or _num(row, "limit_ratio")
     if eta_s is not None and limit_ratio:
-        largest = limit_ratio  # largest subtask state over the limit
-        return {"metric": "largest_subtask_state_bytes", "limit_source": "job", "limit_ratio": round(largest, 4),
+        # The ratio is the largest subtask's state over the limit.
+        return {"metric": "largest_subtask_state_bytes", "limit_source": "job", "limit_ratio": round(limit_ratio, 4),
                 "eta_ms": int(eta_s * 1000)}
     size = _num(row, "vertex_state_size_bytes") or _num(row, "state_size_bytes")
     slope = _num(row, "vertex_state_rel_slope_per_h") or _num(row, "state_rel_slope_per_h")

@@ -40,16 +40,11 @@ def follow(config: SentinelConfig, from_beginning: bool = False, timeout_s: floa
     kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
     consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
     try:
-        from kafka import TopicPartition
-
         topic = config.topics.incidents
-        partitions = [TopicPartition(topic, p) for p in kafka_clients.partitions_of(consumer, topic, kafka.connect_timeout_s)]
-        numbers = [tp.partition for tp in partitions]
+        numbers = kafka_clients.partitions_of(consumer, topic, kafka.connect_timeout_s)
         starts = (kafka_clients.earliest_offsets(consumer, topic, numbers) if from_beginning
                   else kafka_clients.latest_offsets(consumer, topic, numbers))
-        consumer.assign(partitions)
-        for tp in partitions:
-            consumer.seek(tp, starts[tp.partition])
+        kafka_clients.assign_from(consumer, topic, starts)
         seen, last = 0, clock()
         while True:
             batch = consumer.poll(timeout_ms=500)

@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from feature_store.compute import batch_features, event_frame, stream_features
 from feature_store.definitions import feature_row_schema
@@ -104,16 +105,11 @@ class IncidentSink:
             self._producer.close()
 
 
-def _arrow_schema() -> pa.Schema:
-    types = {"string": pa.string(), "bigint": pa.int64(), "boolean": pa.bool_(), "double": pa.float64()}
-    return pa.schema([pa.field(f.name, types[f.dataType.simpleString()]) for f in feature_row_schema().fields])
-
-
 def write_feature_log(rows: pd.DataFrame, root: Path, batch_id: int) -> None:
     """The batch's feature rows under ``root/date=YYYY-MM-DD/``, one file per batch id (a re-run overwrites it)."""
     if rows.empty:
         return
-    schema = _arrow_schema()
+    schema = to_arrow_schema(feature_row_schema())
     dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
     for date, part in rows.groupby(dates):
         folder = Path(root) / f"date={date}"
@@ -134,14 +130,16 @@ class BatchProcessor:
         self.feature_log = feature_log
         self.settings = policy.PolicySettings.from_config(config)
         self.state: dict = {}
+        self.state_after_batch: int | None = None  # the batch whose saved state ``state`` is
         self.incidents_published = 0
 
     def process_rows(self, rows: pd.DataFrame, batch_id: int) -> list[dict]:
-        """The pure part: rows in, incident events out (the state advances)."""
-        rows = rows[~rows["is_late"].fillna(False).astype(bool)].reset_index(drop=True)
+        """The pure part: feature rows (no late markers) in, incident events out (the state advances)."""
         models = self.models()
-        if self.policy_store is not None:
+        if self.policy_store is not None and self.state_after_batch != batch_id - 1:
+            # A restart or a re-run batch: start from the state saved before this batch.
             self.state = self.policy_store.load_before(batch_id)
+        self.state_after_batch = None  # ``step`` changes it in place until it is saved
         scores = score_rows(rows, models)
         rules = {family: m.post_rule for family, m in models.items()}
         incidents = policy.step(self.state, rows, scores, rules, self.settings)
@@ -150,12 +148,14 @@ class BatchProcessor:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         rows = batch.toPandas()
+        rows = rows[~rows["is_late"].fillna(False).astype(bool)].reset_index(drop=True)
         incidents = self.process_rows(rows, batch_id)
         if self.feature_log is not None:
-            write_feature_log(rows[~rows["is_late"].fillna(False).astype(bool)], self.feature_log, batch_id)
+            write_feature_log(rows, self.feature_log, batch_id)
         self.sink.publish(incidents)
         if self.policy_store is not None:
             self.policy_store.save(batch_id, self.state)
+            self.state_after_batch = batch_id
         self.incidents_published += len(incidents)
         for incident in incidents:
             log.info("incident %s %s: %s", incident["event"], incident["incident_id"], incident["summary"])

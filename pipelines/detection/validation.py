@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import Any, Iterator
 
 import pandas as pd
@@ -131,8 +132,6 @@ def validate_records(records: DataFrame, max_future_ms: int, now_ms_fn=None) -> 
     ``now_ms_fn`` is the clock for "in the future" (wall time by default), read once per
     partition of each micro-batch.
     """
-    import time
-
     clock = now_ms_fn or (lambda: int(time.time() * 1000))
     return records.select("key", "value", "topic", "partition", "offset", "timestamp").mapInPandas(
         _check_partitions(clock, max_future_ms), VALIDATED_SCHEMA)

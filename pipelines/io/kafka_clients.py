@@ -165,6 +165,14 @@ def latest_offsets(
     return result
 
 
+def assign_from(consumer: KafkaConsumer, topic: str, offsets: Mapping[int, int]) -> None:
+    """Assign ``topic``'s partitions to ``consumer``, each positioned at its offset in ``offsets``."""
+    tps = [TopicPartition(topic, p) for p in offsets]
+    consumer.assign(tps)
+    for tp in tps:
+        consumer.seek(tp, offsets[tp.partition])
+
+
 def metadata_consumer(bootstrap_servers: str, client_options: Mapping[str, Any]) -> KafkaConsumer:
     """A consumer for offset queries: small, fast fetches so a high-watermark comes back at once."""
     return make_consumer(

@@ -1,0 +1,33 @@
+"""`sentinel incidents`: the incident topic read back as a table, from the real broker."""
+
+from __future__ import annotations
+
+import json
+
+
+from models.post_rule import PostRule
+from pipelines.detection import policy
+from pipelines.detection.incident_view import follow, format_incident
+from pipelines.io import kafka_clients
+from tests.pipelines.detection.test_policy import rows_and_scores
+
+
+def test_following_the_topic_from_the_beginning_shows_each_incident_event(config):
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (20, 0.1), (21, 0.1), (35, 0.1)], family="skew", hot_subtask=2.0,
+                                   records_in_max_over_mean=4.0)
+    events = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
+    assert [e["event"] for e in events] == ["opened", "resolved"]
+    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    for event in events:
+        producer.send(config.topics.incidents, key=event["incident_id"].encode(), value=json.dumps(event).encode())
+    producer.flush()
+    producer.close()
+
+    seen = list(follow(config, from_beginning=True, timeout_s=10, max_events=2))
+    assert [e["incident_id"] for e in seen] == [events[0]["incident_id"]] * 2
+    lines = [format_incident(e) for e in seen]
+    assert lines[0].startswith("1970-01-01 00:01:00  OPEN") and "orders / Window #2" in lines[0]
+    assert "subtask 2 carries 4.0x the mean load" in lines[0]
+    assert "RESOLVED" in lines[1] and "has cleared" in lines[1]
+    # From the end of the topic (the default) nothing old is shown.
+    assert list(follow(config, timeout_s=2)) == []
