@@ -14,6 +14,7 @@ or in the environment, are errors that name the key.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -166,6 +167,52 @@ class StackConfig(_Strict):
     startup_timeout_s: float = Field(60.0, gt=0)
 
 
+class FlinkClusterEndpoint(_Strict):
+    """One Flink deployment the collector polls."""
+
+    name: str = Field(..., min_length=1, description="The `cluster` field of its events (and half of their key).")
+    rest_url: str = Field(..., description="Base URL of the JobManager's REST API, e.g. http://flink-jm:8081.")
+    max_state_size_bytes: int | None = Field(
+        None, ge=1, description="A known hard limit for state or checkpoint size on this cluster; when unset, "
+                                "jobs on JobManagerCheckpointStorage get its 5 MiB default.")
+
+    @field_validator("rest_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s]+(/.*)?", value):
+            raise ValueError(f"'{value}' is not an http(s):// URL")
+        return value.rstrip("/")
+
+
+class CollectorConfig(_Strict):
+    """`sentinel collect`: Flink REST API -> the input topic."""
+
+    clusters: list[FlinkClusterEndpoint] = Field(default_factory=list, description="Clusters to poll (--flink-rest "
+                                                                                   "and --cluster name one).")
+    interval_s: float = Field(5.0, gt=0, description="Time between two polls of a cluster.")
+    request_timeout_s: float = Field(5.0, gt=0, description="Timeout of one REST request.")
+    retries: int = Field(3, ge=0, description="Retries of a failed REST request within one poll.")
+    backoff_s: float = Field(0.5, gt=0, description="First wait before a retry; doubles each time.")
+    max_backoff_s: float = Field(60.0, gt=0, description="Longest wait between polls of an unreachable cluster.")
+    state_dir: Path | None = Field(None, description="Where the last published checkpoint of each job is kept "
+                                                     "(default <state_dir>/collector).")
+
+
+class LabConfig(_Strict):
+    """`sentinel lab`: a local Flink standalone cluster running real failure scenarios."""
+
+    flink_version: str = "2.3.0"
+    flink_venv: Path = Field(Path(".venv-flink"), description="Virtualenv the lab creates for apache-flink "
+                                                              "(its dependencies clash with the main one).")
+    rest_port: int = Field(18081, ge=1, le=65535)
+    rpc_port: int = Field(16123, ge=1, le=65535)
+    taskmanager_slots: int = Field(4, ge=2)
+    jobmanager_memory: str = "1024m"
+    taskmanager_memory: str = "1728m"
+    startup_timeout_s: float = Field(90.0, gt=0)
+    datasets_dir: Path | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
+
+
 class SentinelConfig(_Strict):
     state_dir: Path = Field(Path(".sentinel"), description="Project-local state: logs, PIDs, stores.")
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
@@ -175,6 +222,8 @@ class SentinelConfig(_Strict):
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    lab: LabConfig = Field(default_factory=LabConfig)
 
     def resolved(self, base_dir: Path) -> "SentinelConfig":
         """Make relative paths absolute against ``base_dir`` and fill the derived defaults."""
@@ -185,6 +234,9 @@ class SentinelConfig(_Strict):
         cfg.features.offline_path = _absolute(cfg.features.offline_path or cfg.state_dir / "feature_store", base_dir)
         cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
                                                base_dir)
+        cfg.collector.state_dir = _absolute(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
+        cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv, base_dir)
+        cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"
         cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
         if cfg.mlflow.tracking_uri is None:
