@@ -261,6 +261,67 @@ def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _collector_endpoints(config: SentinelConfig, args: argparse.Namespace) -> list:
+    from pipelines.config import FlinkClusterEndpoint
+
+    if args.flink_rest:
+        if args.cluster and len(args.cluster) != len(args.flink_rest):
+            raise UsageError("give one --cluster name per --flink-rest URL, or none")
+        names = args.cluster or ([args.cluster_default] if len(args.flink_rest) == 1 else
+                                 [f"flink-{i}" for i in range(len(args.flink_rest))])
+        try:
+            return [FlinkClusterEndpoint(name=name, rest_url=url) for name, url in zip(names, args.flink_rest)]
+        except ValueError as exc:
+            raise UsageError(f"--flink-rest: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}") from None
+    if args.cluster:
+        raise UsageError("--cluster names the cluster of a --flink-rest URL; without one, the clusters come from "
+                         "collector.clusters in the config")
+    if not config.collector.clusters:
+        raise UsageError("no Flink cluster to poll: pass --flink-rest URL [--cluster NAME], or list "
+                         "collector.clusters (name, rest_url) in the config")
+    return list(config.collector.clusters)
+
+
+def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.collector import run_collector
+
+    endpoints = _collector_endpoints(config, args)
+    if args.interval:
+        from pipelines.simulator import parse_duration
+
+        config.collector.interval_s = parse_duration(args.interval) / 1000
+    logging.getLogger("pipelines.collector").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    if not args.once:
+        print(f"polling {', '.join(f'{e.name} ({e.rest_url})' for e in endpoints)} every "
+              f"{config.collector.interval_s:g}s; events to {config.topics.input} on {config.kafka.bootstrap_servers}",
+              flush=True)
+    results = run_collector(config, endpoints, once=args.once, report=lambda r: print(r.line(), flush=True))
+    unreachable = [r.cluster for r in results if not r.reachable]
+    if unreachable:
+        print(f"sentinel collect: could not reach {', '.join(unreachable)}; check the REST URL and that the "
+              "JobManager runs", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipelines import lab
+
+    if args.list:
+        for item in lab.SCENARIOS.values():
+            print(f"{item.name:<20} {item.family or 'healthy':<19} {item.description}")
+        return 0
+    if not args.scenario:
+        raise UsageError("name a scenario (`sentinel lab --list` shows them)")
+    run = lab.run_lab(config, args.scenario, duration=args.duration, split=args.split,
+                      dataset=Path(args.dataset) if args.dataset else None, publish_to_kafka=not args.no_kafka,
+                      keep_cluster=args.keep_cluster)
+    print(run.summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sentinel", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config file (default: $SENTINEL_CONFIG, else ./sentinel.yaml if present)")
@@ -345,6 +406,27 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--jobs-per-scenario", type=int, default=3, help="for the initial training dataset")
     demo.add_argument("--duration", default="90m", help="event time per job of the initial training dataset")
     demo.set_defaults(handler=_cmd_demo)
+
+    collect = commands.add_parser("collect", help="poll Flink's REST API and publish its metrics to the input topic")
+    collect.add_argument("--flink-rest", action="append", metavar="URL",
+                         help="JobManager REST URL, e.g. http://flink-jm:8081 (repeatable; default: collector.clusters)")
+    collect.add_argument("--cluster", action="append", metavar="NAME",
+                         help="the cluster name of each --flink-rest (default 'flink')")
+    collect.add_argument("--interval", metavar="DURATION", help="time between polls, e.g. 5s (default collector.interval_s)")
+    collect.add_argument("--once", action="store_true", help="poll every cluster once, then exit (cron-style)")
+    collect.set_defaults(handler=_cmd_collect, cluster_default="flink")
+
+    lab_command = commands.add_parser("lab", help="run a real Flink job that fails in a known way; record it")
+    lab_command.add_argument("scenario", nargs="?", help="leak, healthy_ttl, warmup, backpressure, skew or "
+                                                         "checkpoint_timeout")
+    lab_command.add_argument("--list", action="store_true", help="show the lab scenarios")
+    lab_command.add_argument("--duration", default="4m", help="how long the job runs (default 4m)")
+    lab_command.add_argument("--split", default="test", choices=["train", "validation", "test"],
+                             help="dataset split the run is recorded in (default test)")
+    lab_command.add_argument("--dataset", metavar="DIR", help="dataset folder (default <state_dir>/lab/dataset)")
+    lab_command.add_argument("--no-kafka", action="store_true", help="only record; do not publish to the input topic")
+    lab_command.add_argument("--keep-cluster", action="store_true", help="leave the Flink cluster running afterwards")
+    lab_command.set_defaults(handler=_cmd_lab)
     return parser
 
 
@@ -355,8 +437,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from models.registry import ModelUnavailable
     from models.validation import TrainingSetInvalid
     from pipelines.spark_session import JavaMissing
+    from infra.flink_cluster import FlinkClusterError
+    from pipelines.collector.ledger import LedgerError
+    from pipelines.lab import LabError
 
-    return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable)
+    return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable,
+            FlinkClusterError, LedgerError, LabError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

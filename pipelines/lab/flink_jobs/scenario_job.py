@@ -24,7 +24,7 @@ import random
 import time
 
 from pyflink.common import Configuration, Types
-from pyflink.common.time import Duration
+from pyflink.common.time import Time
 from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
 from pyflink.datastream.functions import KeyedProcessFunction, MapFunction, RuntimeContext
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
@@ -62,7 +62,7 @@ class KeyedState(KeyedProcessFunction):
     def open(self, runtime_context: RuntimeContext):
         descriptor = ValueStateDescriptor("last_payload", Types.STRING())
         if self.ttl_s > 0:
-            ttl = (StateTtlConfig.new_builder(Duration.of_millis(int(self.ttl_s * 1000)))
+            ttl = (StateTtlConfig.new_builder(Time.milliseconds(int(self.ttl_s * 1000)))
                    .set_update_type(StateTtlConfig.UpdateType.OnCreateAndWrite)
                    .set_state_visibility(StateTtlConfig.StateVisibility.NeverReturnExpired)
                    .cleanup_full_snapshot()
