@@ -1,0 +1,93 @@
+"""The lab: its scenarios, its ground truth and dataset recording, and one real Flink run."""
+
+import json
+
+import pytest
+
+from infra.embedded_stack import free_port, port_in_use
+from pipelines import lab
+from pipelines.contracts import INPUT
+from pipelines.io import kafka_clients
+from tests.conftest import PROJECT_ROOT
+
+
+def _vertex_event(job_id: str, ts: int, rates: list[float]) -> dict:
+    return {"schema_version": 1, "kind": "vertex_metrics", "cluster": "lab", "job_id": job_id, "job_name": "lab-skew",
+            "ts": ts, "vertex_id": "v" * 32, "vertex_name": "keyed-state", "parallelism": len(rates),
+            "subtasks": [{"index": i, "records_in_per_s": r} for i, r in enumerate(rates)]}
+
+
+def test_skew_truth_names_the_subtask_that_got_the_hot_key_after_the_onset():
+    job_id = "a" * 32
+    events = [_vertex_event(job_id, 1000, [900.0, 10.0]),  # before the onset: does not count
+              _vertex_event(job_id, 5000, [20.0, 280.0]), _vertex_event(job_id, 6000, [None, 290.0])]
+    truth = lab.ground_truth(lab.scenario("skew"), job_id, "lab-skew", events, onset_ms=4000, submitted_at=0)
+    fault = truth["faults"][0]
+    assert (truth["family"], fault["family"], fault["onset_ts"]) == ("skew", "skew", 4000)
+    assert (fault["vertex_id"], fault["vertex_name"], fault["subtask_index"]) == ("v" * 32, "keyed-state", 1)
+    assert (truth["start_ts"], truth["end_ts"]) == (1000, 6000)
+
+
+def test_healthy_scenarios_have_no_fault_and_the_warmup_ttl_follows_the_duration():
+    truth = lab.ground_truth(lab.scenario("warmup"), "b" * 32, "lab-warmup", [], onset_ms=0, submitted_at=5)
+    assert truth["family"] == "healthy" and truth["faults"] == []
+    assert lab.scenario("warmup").args(240_000)["ttl-s"] == 180
+    with pytest.raises(lab.LabError, match="unknown lab scenario"):
+        lab.scenario("oom")
+
+
+def test_runs_accumulate_in_the_dataset_layout_in_time_order(tmp_path):
+    first = [_vertex_event("a" * 32, ts, [1.0]) for ts in (10, 30)]
+    second = [_vertex_event("b" * 32, ts, [1.0]) for ts in (20, 40)]
+    for events in (first, second):
+        truth = lab.ground_truth(lab.scenario("healthy_ttl"), events[0]["job_id"], "j", events, 0, 0)
+        lab.record_run(tmp_path, "test", events, truth)
+    lab.record_run(tmp_path, "test", second, lab.ground_truth(lab.scenario("healthy_ttl"), "b" * 32, "j", second, 0, 0))
+
+    lines = [json.loads(line) for line in (tmp_path / "test" / "events.jsonl").read_text().splitlines()]
+    assert [e["ts"] for e in lines] == [10, 20, 30, 40]  # recording a job again replaces it
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["splits"]["test"]["jobs"] == 2 and manifest["scenarios"] == ["lab_healthy_ttl"]
+    from feature_store.offline_store import dataset_files
+
+    assert dataset_files(tmp_path) == ([tmp_path / "test" / "events.jsonl"], [tmp_path / "test" / "ground_truth.jsonl"])
+
+
+@pytest.mark.slow
+def test_a_real_flink_leak_job_reaches_the_input_topic_with_growing_state(config, tmp_path):
+    """Real Flink 2.3 (the lab's own virtualenv, created on first use), a real leak job, the
+    collector publishing to the real broker."""
+    config.state_dir = tmp_path / "state"
+    config.lab.flink_venv = PROJECT_ROOT / ".venv-flink"
+    config.lab.rest_port, config.lab.rpc_port = free_port(), free_port()
+    config.lab.datasets_dir = tmp_path / "lab"
+    config.collector.state_dir = tmp_path / "collector"
+    lines: list[str] = []
+
+    run = lab.run_lab(config, "leak", duration="45s", dataset=tmp_path / "dataset", interval_s=3.0,
+                      progress=lines.append)
+
+    consumer = kafka_clients.make_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    try:
+        events = [json.loads(r.value) for r in kafka_clients.read_records(consumer, config.topics.input, timeout_s=30)]
+    finally:
+        consumer.close()
+    mine = [e for e in events if e["job_id"] == run.job_id]
+    assert mine and all(INPUT.errors(e) == [] and e["source"] == "lab" for e in mine)
+    completed = [e for e in mine if e["kind"] == "checkpoint" and e["status"] == "COMPLETED"]
+    sizes = [e["state_size_bytes"] for e in sorted(completed, key=lambda e: e["checkpoint_id"])]
+    assert len(sizes) >= 5, lines
+    assert sizes == sorted(sizes) and sizes[-1] > 3 * sizes[0] > 0  # a leak: state only grows
+    keyed = [v for v in completed[-1]["vertices"] if v["vertex_name"] == "keyed-state"]
+    assert keyed and keyed[0]["state_size_bytes"] == completed[-1]["state_size_bytes"]
+    statuses = [e for e in mine if e["kind"] == "job_status"]
+    assert statuses[-1]["state"] == "CANCELED" and statuses[0]["max_state_size_bytes"] == 5 * 1024 * 1024
+    assert {e["vertex_name"] for e in mine if e["kind"] == "vertex_metrics"} >= {"keyed-state", "enrich", "assign-key"}
+
+    truth = [json.loads(line) for line in (tmp_path / "dataset" / "test" / "ground_truth.jsonl").read_text().splitlines()]
+    assert truth[0]["job_id"] == run.job_id and truth[0]["faults"][0]["family"] == "state_leak"
+    assert truth[0]["faults"][0]["vertex_id"] == keyed[0]["vertex_id"]
+    recorded = (tmp_path / "dataset" / "test" / "events.jsonl").read_text().splitlines()
+    assert len(recorded) == len(mine)
+    # Stopped by PID: nothing listens on the lab's ports any more.
+    assert not port_in_use("127.0.0.1", config.lab.rest_port)
