@@ -38,4 +38,4 @@ java: $(STAMP)
 
 clean:
 	-$(BIN)/sentinel down
-	rm -rf $(VENV) .sentinel
+	rm -rf $(VENV) .venv-flink .sentinel

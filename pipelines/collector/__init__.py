@@ -46,6 +46,8 @@ class PollResult:
     errors: list[str] = field(default_factory=list)
     invalid: int = 0
     reachable: bool = True
+    requests: int = 0
+    duration_s: float = 0.0
 
     def line(self) -> str:
         kinds = {kind: sum(e["kind"] == kind for e in self.events) for kind in ("job_status", "checkpoint", "vertex_metrics")}
@@ -53,6 +55,7 @@ class PollResult:
                 f"{kinds['vertex_metrics']} vertex samples, {kinds['job_status']} job statuses")
         if self.invalid:
             text += f", {self.invalid} events off-contract (not published)"
+        text += f" ({self.requests} requests, {self.duration_s:.2f}s)"
         if self.errors:
             text += f"; {len(self.errors)} errors, first: {self.errors[0]}"
         return text
@@ -76,6 +79,12 @@ class ClusterCollector:
         return int(self.clock() * 1000)
 
     def poll(self) -> PollResult:
+        started, requests_before = time.monotonic(), self.rest.requests
+        result = self._poll()
+        result.requests, result.duration_s = self.rest.requests - requests_before, time.monotonic() - started
+        return result
+
+    def _poll(self) -> PollResult:
         from pipelines.contracts import INPUT
 
         result = PollResult(self.endpoint.name)

@@ -111,3 +111,16 @@ def test_the_documented_example_file_is_the_defaults():
 
     example = PROJECT_ROOT / "infra" / "sentinel.example.yaml"
     assert load_config(example, environ={}) == load_config(environ={}, base_dir=example.parent)
+
+
+def test_collector_clusters_are_checked_and_paths_resolved(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'http://flink-jm:8081/'}\n")
+    config = load_config(good, environ={})
+    assert config.collector.clusters[0].rest_url == "http://flink-jm:8081"
+    assert config.collector.state_dir == tmp_path / ".sentinel" / "collector"
+    assert config.lab.flink_venv == tmp_path / ".venv-flink"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'flink-jm:8081'}\n")
+    with pytest.raises(ConfigError, match=r"collector.clusters.0.rest_url: .*not an http"):
+        load_config(bad, environ={})

@@ -195,7 +195,7 @@ def test_cli_collect_once(config, tmp_path, monkeypatch, capsys):
     with RecordedFlink(recorded_polls("leak")) as flink:
         assert main(["collect", "--once", "--flink-rest", flink.url, "--cluster", "prod-eu"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"prod-eu: 1 jobs, \d+ checkpoints, 8 vertex samples, 1 job statuses", out)
+    assert re.search(r"prod-eu: 1 jobs, \d+ checkpoints, 8 vertex samples, 1 job statuses \(\d+ requests", out)
     assert (tmp_path / "state" / "collector" / "prod-eu.json").is_file()
 
 
@@ -211,3 +211,27 @@ def test_cli_collect_says_what_is_wrong(config, tmp_path, monkeypatch, capsys):
     assert "no Flink cluster to poll" in capsys.readouterr().err
     assert main(["collect", "--once", "--flink-rest", "flink-jm:8081"]) == 2
     assert "http" in capsys.readouterr().err
+
+
+def test_a_restarting_job_is_followed_through_its_restart(tmp_path):
+    """Flink keeps the JobID over a failover: statuses go on, no samples while it restarts, and the
+    checkpoints after the restart continue the ledger."""
+    import copy
+
+    polls = copy.deepcopy(recorded_polls("leak"))
+    restarting = copy.deepcopy(polls[0])
+    for job in restarting["/jobs/overview"]["jobs"]:
+        job["state"] = "RESTARTING"
+    published: list[dict] = []
+    with RecordedFlink([restarting, polls[1]]) as flink:
+        collector = collector_for(flink, tmp_path, published)
+        collector.poll()
+        flink.poll = 1
+        collector.poll()
+    statuses = [e["state"] for e in published if e["kind"] == "job_status"]
+    assert statuses == ["RESTARTING", "RUNNING"]
+    samples = [e["ts"] for e in published if e["kind"] == "vertex_metrics"]
+    restarted_at = next(e["ts"] for e in published if e["kind"] == "job_status" and e["state"] == "RUNNING")
+    assert samples and min(samples) >= restarted_at  # none while restarting
+    ids = checkpoint_ids(published)
+    assert len(ids) == len(set(ids)) and set(ids) == finished_ids(polls[1])
