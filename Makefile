@@ -22,6 +22,7 @@ bench: java
 	$(BIN)/python benchmarks/kafka_io.py
 	$(BIN)/python benchmarks/features.py
 	$(BIN)/python benchmarks/detection.py
+	$(BIN)/python benchmarks/collector.py
 
 venv: $(STAMP)
 

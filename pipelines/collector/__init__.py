@@ -123,7 +123,7 @@ class ClusterCollector:
             self.publish(result.events)  # raises if Kafka did not acknowledge: nothing is recorded then
         for commit in commits:
             commit()
-        self.ledger.forget_except(job["jid"] for job in jobs)
+        self.ledger.forget_except((job["jid"] for job in jobs), self._now_ms())
         self.ledger.save()
         for error in result.errors:
             log.warning("%s: %s", self.endpoint.name, error)
@@ -243,9 +243,16 @@ def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool 
                                     name=f"collect-{c.endpoint.name}") for c in collectors]
         for thread in threads:
             thread.start()
-        while any(t.is_alive() for t in threads):
+        try:
+            while any(t.is_alive() for t in threads):
+                for thread in threads:
+                    thread.join(timeout=0.5)
+        except KeyboardInterrupt:
+            # Let a poll in flight finish, so what it published is also recorded in its ledger.
+            stop.set()
             for thread in threads:
-                thread.join(timeout=0.5)
+                thread.join(timeout=settings.request_timeout_s * (settings.retries + 1) + 5)
+            raise
         return results
     finally:
         close()

@@ -19,6 +19,10 @@ not at all.
 >>> history[1]["status"] = "FAILED"
 >>> [c["id"] for c in ledger.unpublished("job", history)]
 [6]
+>>> ledger.forget_except([], now_ms=0); list(ledger.jobs)
+['job']
+>>> ledger.forget_except([], now_ms=FORGET_AFTER_MS); list(ledger.jobs)
+[]
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pipelines.collector.mapping import FINISHED_CHECKPOINT_STATES
 
 log = logging.getLogger(__name__)
 
+FORGET_AFTER_MS = 24 * 3600 * 1000
+
 
 class LedgerError(RuntimeError):
     """The ledger file cannot be read or written; the message names it."""
@@ -46,7 +52,8 @@ class CheckpointLedger:
             try:
                 data = json.loads(path.read_text())
                 self.jobs = {job: {"watermark": int(entry["watermark"]), "published": sorted(map(int, entry["published"])),
-                                   "terminal_reported": bool(entry.get("terminal_reported", False))}
+                                   "terminal_reported": bool(entry.get("terminal_reported", False)),
+                                   **({"last_seen_ms": int(entry["last_seen_ms"])} if "last_seen_ms" in entry else {})}
                              for job, entry in data["jobs"].items()}
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise LedgerError(f"collector ledger {path} is unreadable ({exc}); move it away to start over "
@@ -86,10 +93,15 @@ class CheckpointLedger:
         self.jobs.setdefault(job_id, {"watermark": -1, "published": [], "terminal_reported": False})
         self.jobs[job_id]["terminal_reported"] = True
 
-    def forget_except(self, job_ids: Iterable[str]) -> None:
-        """Drop jobs the cluster no longer lists (its archive expired them)."""
-        keep = set(job_ids)
-        self.jobs = {job: entry for job, entry in self.jobs.items() if job in keep}
+    def forget_except(self, job_ids: Iterable[str], now_ms: int, grace_ms: int = FORGET_AFTER_MS) -> None:
+        """Drop jobs the cluster has not listed for ``grace_ms`` (its archive expired them). Not at
+        once: a JobManager that fails over can list no jobs for a while, then list them again."""
+        listed = set(job_ids)
+        for job, entry in self.jobs.items():
+            if job in listed or "last_seen_ms" not in entry:
+                entry["last_seen_ms"] = now_ms
+        self.jobs = {job: entry for job, entry in self.jobs.items()
+                     if job in listed or now_ms - entry.get("last_seen_ms", now_ms) < grace_ms}
 
     def save(self) -> None:
         if self.path is None:
