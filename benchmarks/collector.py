@@ -68,7 +68,7 @@ def main() -> None:
     config = load_config()
     cluster = LocalFlinkCluster(config, ensure_flink_runtime(config))
     print(cluster.start())
-    roots = [cluster._running(name)["pid"] for name in ("jobmanager", "taskmanager")]
+    roots = list(cluster.pids().values())
     scenario = lab.scenario("skew")
     argv = ["--scenario", "skew", "--job-name", "bench-skew", "--onset-ms", str(int(time.time() * 1000) + 20_000)]
     for key, value in scenario.args(240_000).items():

@@ -212,6 +212,10 @@ class LocalFlinkCluster:
         raise FlinkClusterError(f"the Flink cluster was not ready within {lab.startup_timeout_s:.0f}s; "
                                 f"see the logs in {self.log_dir}")
 
+    def pids(self) -> dict[str, int]:
+        """The PIDs of the running JobManager and TaskManager (the Python workers are their children)."""
+        return {name: record["pid"] for name in ("jobmanager", "taskmanager") if (record := self._running(name))}
+
     def stop(self) -> list[str]:
         messages = []
         for name in ("taskmanager", "jobmanager"):
