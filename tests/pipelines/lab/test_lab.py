@@ -91,3 +91,31 @@ def test_a_real_flink_leak_job_reaches_the_input_topic_with_growing_state(config
     assert len(recorded) == len(mine)
     # Stopped by PID: nothing listens on the lab's ports any more.
     assert not port_in_use("127.0.0.1", config.lab.rest_port)
+
+
+def test_a_recorded_lab_run_is_a_training_set(spark, tmp_path):
+    """Events the collector made from real Flink answers, recorded as a lab run, come back out of the
+    offline store as labelled feature rows: what `sentinel train --dataset` reads."""
+    from feature_store import offline_store
+    from pipelines.collector import ClusterCollector
+    from pipelines.config import CollectorConfig, FlinkClusterEndpoint
+    from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
+
+    polls = recorded_polls("leak")
+    events: list[dict] = []
+    with RecordedFlink(polls) as flink:
+        collector = ClusterCollector(FlinkClusterEndpoint(name="lab", rest_url=flink.url),
+                                     CollectorConfig(state_dir=None), events.extend, source="lab")
+        for poll in range(len(polls)):
+            flink.poll = poll
+            collector.poll()
+    job_id = events[0]["job_id"]
+    truth = lab.ground_truth(lab.scenario("leak"), job_id, "lab-leak", events, onset_ms=0, submitted_at=0)
+    lab.record_run(tmp_path / "dataset", "train", events, truth)
+
+    event_files, truth_files = offline_store.dataset_files(tmp_path / "dataset")
+    assert offline_store.backfill(spark, event_files, tmp_path / "store") > 0
+    rows = offline_store.training_set(spark, tmp_path / "store", truth_files).toPandas()
+    keyed = rows[rows["vertex_name"] == "keyed-state"]
+    assert len(keyed) > 0 and set(keyed["label"]) == {"state_leak"}
+    assert set(rows["job_id"]) == {job_id}
