@@ -98,7 +98,7 @@ def main() -> None:
         cluster.stop()
     ms = np.array(durations) * 1000
     print(f"machine: {machine()}")
-    print(f"job: lab skew scenario, 8 vertices x parallelism 2, 300 records/s, checkpoints every 3 s")
+    print("job: lab skew scenario, 8 vertices x parallelism 2, 300 records/s, checkpoints every 3 s")
     print(f"polls: {len(durations)} every {args.interval:g}s; poll duration p50 {np.percentile(ms, 50):.0f} ms, "
           f"p95 {np.percentile(ms, 95):.0f} ms, max {ms.max():.0f} ms; "
           f"{np.mean(requests):.1f} REST requests and {np.mean(events):.1f} events per poll")

@@ -250,20 +250,7 @@ class EmbeddedStack:
         return messages
 
     def _stop(self, name: str, record: dict, timeout_s: float = 15.0) -> None:
-        pid = record["pid"]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            except PermissionError:
-                os.kill(pid, sig)
-            deadline = time.monotonic() + timeout_s
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                _reap(pid)
-                time.sleep(0.1)
-            if not _pid_alive(pid):
-                break
+        stop_process_group(record["pid"], timeout_s)
         self._record_path(name).unlink(missing_ok=True)
 
     def down(self) -> list[str]:
@@ -294,6 +281,24 @@ class EmbeddedStack:
         statuses.append(ServiceStatus("mlflow", record is not None, record and record["pid"], self.mlflow_url,
                                       f"store {self.config.mlflow.tracking_uri}"))
         return statuses
+
+
+def stop_process_group(pid: int, timeout_s: float = 15.0) -> None:
+    """SIGTERM the process group led by ``pid`` (started with ``start_new_session``), then SIGKILL
+    what is still alive after ``timeout_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:
+            os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.1)
+        if not _pid_alive(pid):
+            return
 
 
 def _reap(pid: int) -> None:

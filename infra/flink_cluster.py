@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.embedded_stack import _pid_alive, _pid_matches, _reap, _tail, port_in_use
+from infra.embedded_stack import _pid_alive, _pid_matches, _tail, port_in_use, stop_process_group
 from pipelines.config import SentinelConfig
 
 
@@ -223,7 +222,7 @@ class LocalFlinkCluster:
             self._record_path(name).unlink(missing_ok=True)
             if record is None:
                 continue
-            _stop_group(record["pid"])
+            stop_process_group(record["pid"])
             messages.append(f"Flink {name} stopped (pid {record['pid']})")
         return messages
 
@@ -267,19 +266,3 @@ class LocalFlinkCluster:
             raise FlinkClusterError(f"Flink refused the job {script.name} (exit {done.returncode}); see {log_path}:\n"
                                     + "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:]))
         return found.group(1)
-
-
-def _stop_group(pid: int, timeout_s: float = 15.0) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        except PermissionError:
-            os.kill(pid, sig)
-        deadline = time.monotonic() + timeout_s
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
-            time.sleep(0.1)
-        if not _pid_alive(pid):
-            return
