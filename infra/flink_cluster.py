@@ -247,6 +247,12 @@ class LocalFlinkCluster:
     def cancel(self, job_id: str) -> None:
         self._request("PATCH", f"/jobs/{job_id}?mode=cancel")
 
+    def running_jobs(self) -> list[str]:
+        """The ids of the jobs that have not ended."""
+        overview = self._request("GET", "/jobs/overview") or {}
+        return [job["jid"] for job in overview.get("jobs", [])
+                if job.get("state") not in ("CANCELED", "FINISHED", "FAILED")]
+
     # --- jobs ----------------------------------------------------------------------------------
 
     def submit_python(self, script: Path, args: list[str], timeout_s: float = 120.0) -> str:

@@ -1,196 +1,143 @@
 """``sentinel lab``: real Flink jobs that fail the way production jobs do, recorded as labelled data.
 
-A lab run starts the local standalone cluster (:mod:`infra.flink_cluster`), submits the scenario
-job (``flink_jobs/scenario_job.py``) with the fault's onset as a wall-clock time, and runs the
-collector against the cluster for the duration: the events go to the input topic (so the live
-detection job sees real Flink) and into a dataset folder in the layout the retraining workflow
-reads (``<dataset>/<split>/events.jsonl``, ``ground_truth.jsonl``, ``manifest.json``), with the
-ground truth (family, onset, vertex, hot subtask) of the job.
+A lab session starts the local standalone cluster (:mod:`infra.flink_cluster`), submits variants
+(``pipelines/lab/scenarios.py``) of the scenario job (``flink_jobs/scenario_job.py``) with their
+faults' onsets as wall-clock times, several at once where the cluster has slots, and runs one
+collector against the cluster: the events go to the input topic (so a live detection job sees
+real Flink) and into a dataset folder in the layout the retraining workflow reads
+(``<dataset>/<split>/events.jsonl.gz``, ``ground_truth.jsonl``, ``manifest.json``), with each
+job's ground truth (families, onsets, vertices, hot subtask).
 
-Every scenario runs the same five operators, so only the fault differs between them; the
-scenarios that are not about state keep it bounded with a TTL, so each job has exactly one
-labelled fault.
+A grid (``sentinel lab --grid corpus``) is resumable: a run is added to the dataset folder when
+it ends, and variants already recorded there are skipped, so an interrupted grid picks up where
+it stopped (the runs in flight are run again).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
-from pipelines.simulator import parse_duration, read_jsonl, write_jsonl
+from feature_store.job_features import STOPPING_FAILURES
+from pipelines import datasets
+from pipelines.datasets import read_jsonl, write_jsonl
+from pipelines.families import CHECKPOINT_FAILURE
+from pipelines.lab.scenarios import NAMED, LabVariant
 
 log = logging.getLogger(__name__)
 
 JOB_SCRIPT = Path(__file__).parent / "flink_jobs" / "scenario_job.py"
 LAB_CLUSTER = "lab"
 SPLITS = ("train", "validation", "test")
+# Submission (the PyFlink client compiling the plan) takes about ten seconds: onsets count from after it.
+STARTUP_MARGIN_MS = 15_000
+DATASET_FORMAT = "checkpoint-sentinel dataset v1"
 
 
 class LabError(RuntimeError):
     """A lab run that cannot be done as asked; the message says what to change."""
 
 
-@dataclass(frozen=True)
-class LabScenario:
-    name: str
-    family: str | None  # None: healthy
-    description: str
-    vertex: str | None  # the operator the fault lives in (its vertex is named after it)
-    onset_fraction: float  # of the duration; 0 = from the start
-    job_args: dict = field(default_factory=dict)
-    # Subtask of a skew: which one the hot key hashes to is read from the run, not guessed.
-    hot_subtask: bool = False
-
-    def args(self, duration_ms: int) -> dict:
-        values = {"rate": 100, "payload-bytes": 100, "checkpoint-interval-ms": 3000, **self.job_args}
-        if values.get("ttl-s") == "duration*0.75":
-            values["ttl-s"] = round(duration_ms * 0.75 / 1000)
-        return values
-
-
-SCENARIOS: dict[str, LabScenario] = {s.name: s for s in (
-    LabScenario("leak", "state_leak", "keys rotate and their state is never cleared; JobManager checkpoint "
-                "storage, so the job reports its 5 MiB limit", "keyed-state", 0.0,
-                {"checkpoint-storage": "jobmanager"}),
-    LabScenario("healthy_ttl", None, "the same keys with a 20 s state TTL: grows for 20 s, then flat",
-                None, 0.0, {"ttl-s": 20, "checkpoint-storage": "jobmanager"}),
-    LabScenario("warmup", None, "a long TTL (three quarters of the run): state grows for minutes, then "
-                "levels off", None, 0.0, {"ttl-s": "duration*0.75", "checkpoint-storage": "jobmanager"}),
-    LabScenario("backpressure", "backpressure", "the enrich operator slows to 150 records/s under 400 "
-                "records/s: buffers fill, barriers queue, checkpoints slow down", "enrich", 0.25,
-                {"rate": 400, "ttl-s": 20, "slow-records-per-s": 150}),
-    LabScenario("skew", "skew", "90 % of the records carry one key from the onset (parallelism 2)",
-                "keyed-state", 0.25, {"rate": 300, "ttl-s": 20, "parallelism": 2, "hot-share": 0.9},
-                hot_subtask=True),
-    LabScenario("checkpoint_timeout", "checkpoint_failure", "enrich nearly stops (10 records/s) and the "
-                "checkpoint timeout is 5 s: checkpoints expire", "enrich", 0.25,
-                {"rate": 300, "ttl-s": 20, "slow-records-per-s": 10, "checkpoint-timeout-ms": 5000}),
-)}
-
-
-def scenario(name: str) -> LabScenario:
+def scenario(name: str, duration_s: int) -> LabVariant:
     try:
-        return SCENARIOS[name]
+        return NAMED[name].variant(duration_s)
     except KeyError:
-        raise LabError(f"unknown lab scenario {name!r}; choose from {', '.join(SCENARIOS)}") from None
+        raise LabError(f"unknown lab scenario {name!r}; choose from {', '.join(NAMED)}") from None
 
 
-@dataclass
-class LabRun:
-    scenario: str
-    job_id: str
-    events: list[dict]
-    truth: dict
-    dataset: Path
-    split: str
-
-    def summary(self) -> str:
-        kinds = {k: sum(e["kind"] == k for e in self.events) for k in ("checkpoint", "vertex_metrics", "job_status")}
-        sizes = [e["state_size_bytes"] for e in self.events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED"]
-        failed = sum(1 for e in self.events if e["kind"] == "checkpoint" and e["status"] == "FAILED")
-        state = f"state {sizes[0]:,} -> {sizes[-1]:,} bytes" if sizes else "no completed checkpoint"
-        return (f"lab {self.scenario}: job {self.job_id}, {kinds['checkpoint']} checkpoints ({failed} failed, {state}), "
-                f"{kinds['vertex_metrics']} vertex samples, {kinds['job_status']} job statuses; "
-                f"recorded in {self.dataset / self.split}")
+# --- dataset files -------------------------------------------------------------------------------
 
 
-def run_lab(config, name: str, duration: str = "4m", split: str = "test", dataset: Path | None = None,
-            publish_to_kafka: bool = True, keep_cluster: bool = False, interval_s: float | None = None,
-            progress: Callable[[str], None] = print, stop: threading.Event | None = None) -> LabRun:
-    """Run one lab scenario end to end and record it; see the module docstring."""
-    from infra.flink_cluster import LocalFlinkCluster, ensure_flink_runtime
-    from pipelines.collector import ClusterCollector, kafka_publisher
-    from pipelines.config import FlinkClusterEndpoint
-
-    chosen = scenario(name)
-    duration_ms = parse_duration(duration)
-    if split not in SPLITS:
-        raise LabError(f"--split must be one of {', '.join(SPLITS)}")
-    dataset = Path(dataset or Path(config.lab.datasets_dir) / "dataset")
-    publish_kafka, close_kafka = (kafka_publisher(config) if publish_to_kafka else (None, lambda: None))
-    stop = stop or threading.Event()
-    events: list[dict] = []
-
-    def publish(batch: list[dict]) -> None:
-        if publish_kafka is not None:
-            publish_kafka(batch)
-        events.extend(batch)
-
-    cluster = LocalFlinkCluster(config, ensure_flink_runtime(config, log=progress))
-    try:
-        progress(cluster.start())
-        submitted_at = int(time.time() * 1000)
-        # The onset is a wall-clock time; submission takes about ten seconds, so leave room for it.
-        onset_ms = submitted_at + (15_000 + int(chosen.onset_fraction * duration_ms) if chosen.onset_fraction else 0)
-        job_name = f"lab-{name}"
-        argv = ["--scenario", name, "--job-name", job_name, "--onset-ms", str(onset_ms)]
-        for key, value in chosen.args(duration_ms).items():
-            argv += [f"--{key}", str(value)]
-        job_id = cluster.submit_python(JOB_SCRIPT, argv)
-        progress(f"submitted {job_name} as job {job_id}; collecting every "
-                 f"{interval_s or config.collector.interval_s:g}s for {duration}")
-        settings = config.collector.model_copy(update={
-            "state_dir": Path(config.lab.datasets_dir) / "collector",
-            **({"interval_s": interval_s} if interval_s else {})})
-        collector = ClusterCollector(FlinkClusterEndpoint(name=LAB_CLUSTER, rest_url=cluster.rest_url),
-                                     settings, publish, source="lab")
-        started = time.monotonic()
-        while time.monotonic() - started < duration_ms / 1000 and not stop.is_set():
-            poll_started = time.monotonic()
-            result = collector.poll()
-            if not result.reachable:
-                raise LabError(f"the lab cluster stopped answering: {result.errors[0]}")
-            progress(f"  {time.monotonic() - started:5.0f}s  {result.line()}")
-            stop.wait(max(0.0, settings.interval_s - (time.monotonic() - poll_started)))
-        cluster.cancel(job_id)
-        _wait_terminal(cluster, job_id)
-        collector.poll()  # the last checkpoints and the CANCELED status
-        job_events = [e for e in events if e["job_id"] == job_id]
-        truth = ground_truth(chosen, job_id, job_name, job_events, onset_ms, submitted_at)
-        record_run(dataset, split, job_events, truth)
-        return LabRun(name, job_id, job_events, truth, dataset, split)
-    finally:
-        close_kafka()
-        if not keep_cluster:
-            for line in cluster.stop():
-                progress(line)
+def lab_manifest(dataset: Path) -> dict:
+    return datasets.load_manifest(dataset) or {"format": DATASET_FORMAT, "source": "lab", "splits": {},
+                                               "scenarios": [], "runs": {}}
 
 
-def _wait_terminal(cluster, job_id: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cluster.job_state(job_id) in ("CANCELED", "FINISHED", "FAILED"):
-            return
-        time.sleep(0.5)
+def recorded_runs(dataset: Path) -> set[str]:
+    return set(lab_manifest(dataset).get("runs", {}))
 
 
-def ground_truth(chosen: LabScenario, job_id: str, job_name: str, events: list[dict], onset_ms: int,
-                 submitted_at: int) -> dict:
-    """The simulator's ground-truth shape, from what the run did: the fault vertex is found by its
-    operator name, and a skew's hot subtask is the one that received most records after the onset."""
+def record_run(dataset: Path, split: str, events: list[dict], truth: dict, info: dict | None = None) -> None:
+    """Add one run to the dataset folder: its events merged in time order into the split's
+    events, one ground-truth line, and its entry in the manifest (a run recorded again replaces itself)."""
+    folder = dataset / split
+    previous = datasets.events_path(dataset, split)
+    events_path, truth_path = folder / "events.jsonl.gz", folder / "ground_truth.jsonl"
+    kept = [e for e in read_jsonl(previous) if e["job_id"] != truth["job_id"]] if previous else []
+    merged = sorted(kept + events, key=lambda e: (e["ts"], e["job_id"], e["kind"]))
+    write_jsonl(events_path, merged)
+    if previous is not None and previous != events_path:
+        previous.unlink()
+    truths = [t for t in (read_jsonl(truth_path) if truth_path.is_file() else []) if t["job_id"] != truth["job_id"]]
+    write_jsonl(truth_path, truths + [truth])
+    manifest = lab_manifest(dataset)
+    manifest.setdefault("runs", {})
+    if info is not None:
+        manifest["runs"][info["run_id"]] = info
+    manifest["splits"][split] = {"jobs": len(truths) + 1, "events": len(merged),
+                                 "job_ids": sorted([t["job_id"] for t in truths] + [truth["job_id"]])}
+    manifest["scenarios"] = sorted({t["scenario"] for s in manifest["splits"]
+                                    for t in read_jsonl(dataset / s / "ground_truth.jsonl")})
+    (dataset / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+# --- ground truth ----------------------------------------------------------------------------------
+
+
+def _stopping(event: dict, cancelled_at: int | None) -> bool:
+    message = event.get("failure_message") or ""
+    return any(m in message for m in STOPPING_FAILURES) or (cancelled_at is not None and event["ts"] >= cancelled_at)
+
+
+def failed_checkpoints(events: Sequence[dict], cancelled_at: int | None = None) -> list[dict]:
+    """The run's FAILED checkpoints that are the job's own (not the ones its cancellation aborted)."""
+    return [e for e in events if e["kind"] == "checkpoint" and e["status"] == "FAILED" and not _stopping(e, cancelled_at)]
+
+
+def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequence[dict], onset_ms: int,
+                 submitted_at: int, cancelled_at: int | None = None) -> dict:
+    """The dataset's ground-truth shape, from what the run did: each fault's vertex is found by its
+    operator name, a skew's hot subtask is the one that received most records after the onset,
+    and checkpoint failures are labelled where the run really had failed checkpoints."""
     times = [e["ts"] for e in events]
     start_ts, end_ts = (min(times), max(times)) if times else (submitted_at, submitted_at)
+    names = {e["vertex_name"]: e["vertex_id"] for e in events if e["kind"] == "vertex_metrics"}
+    onset_ts = max(onset_ms, start_ts)
+    failures = [e["ts"] for e in failed_checkpoints(events, cancelled_at) if e["ts"] >= onset_ts]
     faults = []
-    if chosen.family:
-        vertex_id = vertex_name = None
-        if chosen.vertex:
-            names = {e["vertex_name"]: e["vertex_id"] for e in events if e["kind"] == "vertex_metrics"}
-            vertex_name = chosen.vertex if chosen.vertex in names else None
-            vertex_id = names.get(chosen.vertex)
-        subtask = _hot_subtask(events, vertex_id, onset_ms) if chosen.hot_subtask else None
-        faults.append({"family": chosen.family, "onset_ts": max(onset_ms, start_ts), "vertex_id": vertex_id,
-                       "vertex_name": vertex_name, "subtask_index": subtask, "description": chosen.description})
-    return {"cluster": LAB_CLUSTER, "job_id": job_id, "job_name": job_name, "scenario": f"lab_{chosen.name}",
-            "family": chosen.family or "healthy", "seed": None, "index": 0, "start_ts": start_ts,
-            "end_ts": end_ts, "source": "lab", "faults": faults}
+    for fault in variant.faults:
+        onset = onset_ts
+        if fault.at_first_failure:
+            if not failures:
+                continue  # the cause never failed a checkpoint in this run
+            onset = failures[0]
+        vertex_id = names.get(fault.vertex) if fault.vertex else None
+        faults.append({"family": fault.family, "onset_ts": onset, "vertex_id": vertex_id,
+                       "vertex_name": fault.vertex if vertex_id else None,
+                       "subtask_index": _hot_subtask(events, vertex_id, onset_ms) if fault.hot_subtask else None,
+                       "description": variant.description})
+    if failures and not any(f["family"] == CHECKPOINT_FAILURE for f in faults):
+        # Checkpoints failed where the variant did not plan it: that is a checkpoint failure too.
+        log.warning("%s: %d checkpoints failed although the scenario plans none; labelled as checkpoint_failure",
+                    variant.run_id, len(failures))
+        faults.append({"family": CHECKPOINT_FAILURE, "onset_ts": failures[0], "vertex_id": None, "vertex_name": None,
+                       "subtask_index": None, "description": "checkpoints failed during the run"})
+    faults.sort(key=lambda f: f["onset_ts"])
+    return {"cluster": LAB_CLUSTER, "job_id": job_id, "job_name": job_name, "scenario": f"lab_{variant.scenario}",
+            "family": faults[0]["family"] if faults else "healthy", "families": sorted({f["family"] for f in faults}),
+            "run_id": variant.run_id, "seed": None, "index": 0, "start_ts": start_ts, "end_ts": end_ts,
+            "source": "lab", "faults": faults}
 
 
-def _hot_subtask(events: list[dict], vertex_id: str | None, onset_ms: int) -> int | None:
+def _hot_subtask(events: Sequence[dict], vertex_id: str | None, onset_ms: int) -> int | None:
     totals: dict[int, float] = {}
     for event in events:
         if event["kind"] == "vertex_metrics" and event["vertex_id"] == vertex_id and event["ts"] >= onset_ms:
@@ -199,20 +146,241 @@ def _hot_subtask(events: list[dict], vertex_id: str | None, onset_ms: int) -> in
     return max(totals, key=totals.get) if totals and max(totals.values()) > 0 else None
 
 
-def record_run(dataset: Path, split: str, events: list[dict], truth: dict) -> None:
-    """Add one run to the dataset folder (events kept in time order, one ground-truth line per job)."""
-    folder = dataset / split
-    events_path, truth_path = folder / "events.jsonl", folder / "ground_truth.jsonl"
-    previous = list(read_jsonl(events_path)) if events_path.is_file() else []
-    truths = [t for t in (read_jsonl(truth_path) if truth_path.is_file() else []) if t["job_id"] != truth["job_id"]]
-    merged = sorted([e for e in previous if e["job_id"] != truth["job_id"]] + events, key=lambda e: e["ts"])
-    write_jsonl(events_path, merged)
-    write_jsonl(truth_path, truths + [truth])
-    manifest_path = dataset / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {
-        "format": "checkpoint-sentinel dataset v1", "source": "lab", "splits": {}}
-    manifest.setdefault("splits", {})[split] = {
-        "jobs": len(truths) + 1, "events": len(merged), "job_ids": sorted([t["job_id"] for t in truths] + [truth["job_id"]])}
-    manifest["scenarios"] = sorted({t["scenario"] for s in manifest["splits"] for t in
-                                    read_jsonl(dataset / s / "ground_truth.jsonl")})
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+# --- running variants --------------------------------------------------------------------------------
+
+
+@dataclass
+class LabRun:
+    variant: LabVariant
+    job_id: str
+    events: list[dict]
+    truth: dict
+    dataset: Path
+
+    @property
+    def scenario(self) -> str:
+        return self.variant.run_id
+
+    def summary(self) -> str:
+        kinds = {k: sum(e["kind"] == k for e in self.events) for k in ("checkpoint", "vertex_metrics", "job_status")}
+        sizes = [e["state_size_bytes"] for e in self.events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED"]
+        failed = sum(1 for e in self.events if e["kind"] == "checkpoint" and e["status"] == "FAILED")
+        state = f"state {sizes[0]:,} -> {sizes[-1]:,} bytes" if sizes else "no completed checkpoint"
+        return (f"lab {self.variant.run_id}: job {self.job_id}, {kinds['checkpoint']} checkpoints ({failed} failed, "
+                f"{state}), {kinds['vertex_metrics']} vertex samples, {kinds['job_status']} job statuses; "
+                f"labelled {', '.join(self.truth['families']) or 'healthy'}; recorded in "
+                f"{self.dataset / self.variant.split}")
+
+
+@dataclass
+class _Active:
+    variant: LabVariant
+    job_id: str
+    job_name: str
+    submitted_at: int
+    onset_ms: int
+    deadline: float  # monotonic
+    cancelled_at: int | None = None
+    cancel_deadline: float | None = None
+    outage_blocked: bool = False
+
+
+@dataclass
+class LabSession:
+    """One Flink cluster, one collector, and the variants running on it (up to ``concurrency``)."""
+
+    config: object
+    dataset: Path
+    concurrency: int = 1
+    publish_to_kafka: bool = True
+    interval_s: float | None = None
+    progress: Callable[[str], None] = print
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self, variants: Sequence[LabVariant], keep_cluster: bool = False) -> list[LabRun]:
+        from infra.flink_cluster import LocalFlinkCluster, ensure_flink_runtime
+        from pipelines.collector import ClusterCollector, kafka_publisher
+        from pipelines.config import FlinkClusterEndpoint
+
+        slots = self.config.lab.taskmanager_slots
+        too_wide = [v.run_id for v in variants if v.parallelism > slots]
+        if too_wide:
+            raise LabError(f"{', '.join(too_wide)} need more than lab.taskmanager_slots={slots} slots")
+        publish_kafka, close_kafka = (kafka_publisher(self.config) if self.publish_to_kafka else (None, lambda: None))
+        by_job: dict[str, list[dict]] = {}
+
+        def publish(batch: list[dict]) -> None:
+            if publish_kafka is not None:
+                publish_kafka(batch)
+            for event in batch:
+                by_job.setdefault(event["job_id"], []).append(event)
+
+        cluster = LocalFlinkCluster(self.config, ensure_flink_runtime(self.config, log=self.progress))
+        pending = list(variants)
+        active: dict[str, _Active] = {}
+        done: list[LabRun] = []
+        submitting: tuple[LabVariant, int, Future] | None = None
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flink-submit")
+        try:
+            self.progress(cluster.start())
+            for job_id in cluster.running_jobs():  # left over by an interrupted session
+                self.progress(f"cancelling job {job_id}, left running by an earlier lab session")
+                cluster.cancel(job_id)
+            settings = self.config.collector.model_copy(update={
+                "state_dir": Path(self.config.lab.datasets_dir) / "collector",
+                **({"interval_s": self.interval_s} if self.interval_s else {})})
+            collector = ClusterCollector(FlinkClusterEndpoint(name=LAB_CLUSTER, rest_url=cluster.rest_url),
+                                         settings, publish, source="lab")
+            started = time.monotonic()
+            while (pending or active or submitting) and not self.stop.is_set():
+                poll_started = time.monotonic()
+                if submitting is not None and submitting[2].done():
+                    variant, submitted_at, future = submitting
+                    submitting = None
+                    try:
+                        job_id = future.result()
+                    except Exception as exc:  # noqa: BLE001  a refused job must not stop the grid
+                        self.progress(f"  {variant.run_id}: Flink refused the job ({exc}); skipped")
+                    else:
+                        active[job_id] = self._activate(variant, job_id, submitted_at)
+                if submitting is None and pending and self._fits(pending[0], active.values()):
+                    variant = pending.pop(0)
+                    submitted_at = int(time.time() * 1000)
+                    argv = self._argv(variant, submitted_at)
+                    submitting = (variant, submitted_at, pool.submit(cluster.submit_python, JOB_SCRIPT, argv))
+                result = collector.poll()
+                if not result.reachable:
+                    raise LabError(f"the lab cluster stopped answering: {result.errors[0]}")
+                elapsed = time.monotonic() - started
+                self.progress(f"  {elapsed:6.0f}s  {len(active)} running, {len(pending)} waiting; {result.line()}")
+                for job_id, run in list(active.items()):
+                    self._storage_outage(cluster, run)
+                    finished = self._advance(cluster, run, by_job.get(job_id, []))
+                    if finished:
+                        del active[job_id]
+                        done.append(self._record(run, by_job.pop(job_id, [])))
+                        self.progress(done[-1].summary())
+                self.stop.wait(max(0.0, settings.interval_s - (time.monotonic() - poll_started)))
+            return done
+        finally:
+            pool.shutdown(wait=True)
+            for job_id, run in active.items():
+                self._unblock_storage(cluster, run)
+                cluster.cancel(job_id)
+            close_kafka()
+            if not keep_cluster:
+                for line in cluster.stop():
+                    self.progress(line)
+
+    def _fits(self, variant: LabVariant, active: Iterable[_Active]) -> bool:
+        running = list(active)
+        used = sum(r.variant.parallelism for r in running)
+        return len(running) < self.concurrency and used + variant.parallelism <= self.config.lab.taskmanager_slots
+
+    def _argv(self, variant: LabVariant, submitted_at: int) -> list[str]:
+        onset_ms = submitted_at + STARTUP_MARGIN_MS + int(variant.onset_s * 1000)
+        args = {**variant.job_args, **{name: onset_ms for name in variant.onset_args}}
+        argv = ["--job-name", f"lab-{variant.run_id}"]
+        for key, value in args.items():
+            argv += [f"--{key}", str(value)]
+        return argv
+
+    def _activate(self, variant: LabVariant, job_id: str, submitted_at: int) -> _Active:
+        onset_ms = submitted_at + (STARTUP_MARGIN_MS + int(variant.onset_s * 1000) if variant.onset_s else 0)
+        self.progress(f"  submitted lab-{variant.run_id} as job {job_id} ({variant.split}; "
+                      f"{variant.duration_s}s, onset {variant.onset_s:g}s)")
+        return _Active(variant, job_id, f"lab-{variant.run_id}", submitted_at, onset_ms,
+                       time.monotonic() + variant.duration_s)
+
+    def _advance(self, cluster, run: _Active, events: list[dict]) -> bool:
+        """Cancel a run whose time is up; True once its terminal status has been collected."""
+        now = time.monotonic()
+        if run.cancelled_at is None:
+            if now >= run.deadline:
+                self._unblock_storage(cluster, run)
+                cluster.cancel(run.job_id)
+                run.cancelled_at, run.cancel_deadline = int(time.time() * 1000), now + 45
+            return False
+        terminal = any(e["kind"] == "job_status" and e["state"] in ("CANCELED", "FINISHED", "FAILED") for e in events)
+        return terminal or now >= run.cancel_deadline
+
+    def _record(self, run: _Active, events: list[dict]) -> LabRun:
+        truth = ground_truth(run.variant, run.job_id, run.job_name, events, run.onset_ms, run.submitted_at,
+                             run.cancelled_at)
+        info = {"run_id": run.variant.run_id, "split": run.variant.split, "scenario": run.variant.scenario,
+                "description": run.variant.description, "job_id": run.job_id, "duration_s": run.variant.duration_s,
+                "onset_s": run.variant.onset_s, "params": run.variant.job_args, "families": truth["families"],
+                "events": len(events), "flink_version": self.config.lab.flink_version,
+                "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if run.variant.storage_outage:
+            info["storage_outage"] = list(run.variant.storage_outage)
+        record_run(self.dataset, run.variant.split, events, truth, info)
+        return LabRun(run.variant, run.job_id, events, truth, self.dataset)
+
+    # --- checkpoint storage that refuses writes ------------------------------------------------------
+
+    def _storage_outage(self, cluster, run: _Active) -> None:
+        """While down, the job's checkpoint folder is a plain file: Flink cannot create ``chk-<n>`` in it."""
+        outage = run.variant.storage_outage
+        if not outage or run.cancelled_at is not None:
+            return
+        since_onset_s = time.time() - run.onset_ms / 1000.0
+        down = since_onset_s >= 0 and (since_onset_s % outage[0]) < outage[1]
+        if down and not run.outage_blocked:
+            folder = cluster.checkpoint_dir / run.job_id
+            if folder.is_dir():
+                folder.rename(folder.with_name(folder.name + ".stash"))
+            folder.write_text("lab: checkpoint storage unavailable\n")
+            run.outage_blocked = True
+        elif not down and run.outage_blocked:
+            self._unblock_storage(cluster, run)
+
+    def _unblock_storage(self, cluster, run: _Active) -> None:
+        if not run.outage_blocked:
+            return
+        folder = cluster.checkpoint_dir / run.job_id
+        if folder.is_file():
+            folder.unlink()
+        stash = folder.with_name(folder.name + ".stash")
+        if stash.is_dir() and not folder.exists():
+            stash.rename(folder)
+        elif stash.is_dir():
+            shutil.rmtree(stash, ignore_errors=True)
+        run.outage_blocked = False
+
+
+def default_dataset(config) -> Path:
+    return Path(config.lab.datasets_dir) / "dataset"
+
+
+def run_lab(config, name: str, duration: str = "4m", split: str = "test", dataset: Path | None = None,
+            publish_to_kafka: bool = True, keep_cluster: bool = False, interval_s: float | None = None,
+            progress: Callable[[str], None] = print, stop: threading.Event | None = None) -> LabRun:
+    """Run one named lab scenario end to end and record it."""
+    from pipelines.simulator import parse_duration
+
+    if split not in SPLITS:
+        raise LabError(f"--split must be one of {', '.join(SPLITS)}")
+    variant = scenario(name, parse_duration(duration) // 1000).with_(split=split)
+    session = LabSession(config, Path(dataset or default_dataset(config)), 1, publish_to_kafka, interval_s, progress,
+                         stop or threading.Event())
+    runs = session.run([variant], keep_cluster=keep_cluster)
+    if not runs:
+        raise LabError(f"the lab run {name} was stopped before it was recorded")
+    return runs[0]
+
+
+def run_grid(config, variants: Sequence[LabVariant], dataset: Path, concurrency: int = 3,
+             publish_to_kafka: bool = False, interval_s: float | None = None, progress: Callable[[str], None] = print,
+             stop: threading.Event | None = None) -> list[LabRun]:
+    """Record every variant not yet in ``dataset``, ``concurrency`` jobs at a time."""
+    done = recorded_runs(dataset)
+    todo = [v for v in variants if v.run_id not in done]
+    progress(f"grid: {len(variants)} variants, {len(variants) - len(todo)} already recorded in {dataset}, "
+             f"{len(todo)} to run, {concurrency} at a time (about "
+             f"{sum(v.duration_s + 20 for v in todo) / max(1, concurrency) / 60:.0f} min)")
+    if not todo:
+        return []
+    os.makedirs(dataset, exist_ok=True)
+    session = LabSession(config, dataset, concurrency, publish_to_kafka, interval_s, progress, stop or threading.Event())
+    return session.run(todo)

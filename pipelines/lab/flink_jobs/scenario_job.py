@@ -1,22 +1,29 @@
-"""One PyFlink job that reproduces a failure mode of the lab (run by Flink's Python, not ours).
+"""One PyFlink job whose flags reproduce the lab's failure modes (run by Flink's Python, not ours).
 
 This file runs inside the lab's Flink virtualenv (``lab.flink_venv``), submitted by
-``flink run --python``; it imports nothing from checkpoint-sentinel. Every scenario has the same
-shape, so the detectors see the same vertices whatever the fault:
+``flink run --python``; it imports nothing from checkpoint-sentinel. The job always has the
+same spine, so only the fault differs between runs of one shape:
 
-    datagen source -> assign-key -> keyed-state -> enrich -> discard
+    datagen source -> assign-key -> <stateful> [-> keyed-state-b] -> enrich -> discard -> sink
 
-``--onset-ms`` is an epoch time: the fault begins when the wall clock passes it, so the lab
-knows the onset of its ground truth exactly. Scenarios:
+``<stateful>`` is ``keyed-state`` (a KeyedProcessFunction holding the latest payload per key,
+with a state TTL or none), ``window`` (a tumbling processing-time window that keeps every
+element until it fires) or ``timer-state`` (state cleared by a processing-time timer). Every
+``--*-onset-ms`` is an epoch time: the fault begins when the wall clock passes it, so the lab
+knows the onsets of its ground truth exactly. The faults:
 
-- ``leak``: every record has a new key whose state is never cleared (no TTL, no timer);
-- ``healthy_ttl``: the same keys with a 20 s state TTL: state grows for 20 s, then levels off;
-- ``warmup``: a long TTL: state grows for minutes, then levels off (a leak until it does not);
-- ``backpressure``: ``enrich`` slows down at the onset; its input fills, barriers queue behind data;
-- ``skew``: from the onset 90 % of the records carry one key, so one ``keyed-state`` subtask gets
-  them (parallelism >= 2);
-- ``checkpoint_timeout``: ``enrich`` nearly stops at the onset with a short checkpoint timeout,
-  so checkpoints expire.
+- leak: ``--ttl-s 0`` keeps every key forever; ``--leak-onset-ms`` with ``--leak-share`` also
+  keeps that share of the records in a state without TTL from the onset on (a leak after a
+  plateau, or a slow leak on top of TTL-bounded state), in ``keyed-state`` or ``keyed-state-b``;
+- skew: from ``--hot-onset-ms`` a share of the records carries one key; ``--keyed-cost-ms``
+  makes each record cost time in the stateful operator, so the hot subtask can saturate;
+- backpressure: from ``--slow-onset-ms`` ``enrich`` handles at most ``--slow-records-per-s``,
+  always or ``--slow-on-s`` of every ``--slow-period-s`` (intermittent);
+- a failing task: from ``--fail-onset-ms`` ``enrich`` raises ``--fail-after-s`` after each
+  (re)start, so the job restarts in a loop;
+- healthy variety: bursts (``--burst-factor`` records per record for ``--burst-on-s`` of every
+  ``--burst-period-s``), sub-second checkpoint intervals with concurrent checkpoints, RocksDB
+  with full or incremental checkpoints, unaligned checkpoints.
 """
 
 import argparse
@@ -26,88 +33,162 @@ import time
 from pyflink.common import Configuration, Types
 from pyflink.common.time import Time
 from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
-from pyflink.datastream.functions import KeyedProcessFunction, MapFunction, RuntimeContext
+from pyflink.datastream.functions import (FlatMapFunction, KeyedProcessFunction, MapFunction,
+                                          ProcessWindowFunction, RuntimeContext)
 from pyflink.datastream.state import StateTtlConfig, ValueStateDescriptor
+from pyflink.datastream.window import TumblingProcessingTimeWindows
 from pyflink.table import StreamTableEnvironment
 
 HOT_KEY = 0
+NEVER = -1
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class AssignKey(MapFunction):
-    """Chooses the key: random and effectively never repeated, or the hot key once skew begins."""
+def started(onset_ms: int) -> bool:
+    return onset_ms != NEVER and now_ms() >= onset_ms
 
-    def __init__(self, scenario: str, onset_ms: int, hot_share: float):
-        self.scenario, self.onset_ms, self.hot_share = scenario, onset_ms, hot_share
+
+def in_phase(period_s: float, on_s: float) -> bool:
+    """True for the first ``on_s`` seconds of every ``period_s`` of wall-clock time."""
+    return period_s <= 0 or (time.time() % period_s) < on_s
+
+
+class AssignKey(FlatMapFunction):
+    """Chooses the key (random and effectively never repeated, or the hot key once skew begins)
+    and multiplies records during bursts."""
+
+    def __init__(self, hot_onset_ms, hot_share, burst_factor, burst_period_s, burst_on_s):
+        self.hot_onset_ms, self.hot_share = hot_onset_ms, hot_share
+        self.burst_factor, self.burst_period_s, self.burst_on_s = burst_factor, burst_period_s, burst_on_s
 
     def open(self, runtime_context: RuntimeContext):
         self.rng = random.Random()
 
-    def map(self, row):
-        key = row[0]
-        if self.scenario == "skew" and now_ms() >= self.onset_ms and self.rng.random() < self.hot_share:
-            key = HOT_KEY
-        return key, row[1]
+    def flat_map(self, row):
+        copies = self.burst_factor if self.burst_factor > 1 and in_phase(self.burst_period_s, self.burst_on_s) else 1
+        for copy in range(copies):
+            key = row[0] if copy == 0 else self.rng.randrange(1, 10**12)
+            if started(self.hot_onset_ms) and self.rng.random() < self.hot_share:
+                key = HOT_KEY
+            yield key, row[1]
+
+
+def ttl_config(ttl_s: float):
+    # Time.milliseconds, not Duration: a Duration built in open() starts a Java gateway in the worker.
+    return (StateTtlConfig.new_builder(Time.milliseconds(int(ttl_s * 1000)))
+            .set_update_type(StateTtlConfig.UpdateType.OnCreateAndWrite)
+            .set_state_visibility(StateTtlConfig.StateVisibility.NeverReturnExpired)
+            .cleanup_full_snapshot()
+            .cleanup_incrementally(10, True)
+            .build())
 
 
 class KeyedState(KeyedProcessFunction):
-    """Keeps the latest payload of each key; with ``ttl_s`` the state expires, otherwise never."""
+    """Keeps the latest payload of each key (expiring after ``ttl_s``, or never with 0); from
+    ``leak_onset_ms`` a ``leak_share`` of the records is also kept in a state that never expires.
+    With ``timer_s`` a processing-time timer clears the key instead of a TTL."""
 
-    def __init__(self, ttl_s: float):
-        self.ttl_s = ttl_s
+    def __init__(self, ttl_s, leak_onset_ms, leak_share, cost_ms, timer_s=0.0):
+        self.ttl_s, self.leak_onset_ms, self.leak_share = ttl_s, leak_onset_ms, leak_share
+        self.cost_ms, self.timer_s = cost_ms, timer_s
 
     def open(self, runtime_context: RuntimeContext):
-        descriptor = ValueStateDescriptor("last_payload", Types.STRING())
+        latest = ValueStateDescriptor("latest_payload", Types.STRING())
         if self.ttl_s > 0:
-            ttl = (StateTtlConfig.new_builder(Time.milliseconds(int(self.ttl_s * 1000)))
-                   .set_update_type(StateTtlConfig.UpdateType.OnCreateAndWrite)
-                   .set_state_visibility(StateTtlConfig.StateVisibility.NeverReturnExpired)
-                   .cleanup_full_snapshot()
-                   .cleanup_incrementally(10, True)
-                   .build())
-            descriptor.enable_time_to_live(ttl)
-        self.last_payload = runtime_context.get_state(descriptor)
+            latest.enable_time_to_live(ttl_config(self.ttl_s))
+        self.latest = runtime_context.get_state(latest)
+        self.retained = runtime_context.get_state(ValueStateDescriptor("retained_payload", Types.STRING()))
+        self.rng = random.Random()
 
     def process_element(self, value, ctx):
-        self.last_payload.update(value[1])
+        if self.cost_ms > 0:
+            time.sleep(self.cost_ms / 1000.0)
+        if self.timer_s > 0 and self.latest.value() is None:
+            ctx.timer_service().register_processing_time_timer(
+                ctx.timer_service().current_processing_time() + int(self.timer_s * 1000))
+        self.latest.update(value[1])
+        if started(self.leak_onset_ms) and self.rng.random() < self.leak_share:
+            self.retained.update(value[1])
         yield value
+
+    def on_timer(self, timestamp, ctx):
+        self.latest.clear()
+
+
+class WindowContents(ProcessWindowFunction):
+    """Sees every element of the window when it fires (so the window keeps them all until then)."""
+
+    def process(self, key, context, elements):
+        count = 0
+        for element in elements:
+            count += 1
+        yield key, str(count)
 
 
 class Enrich(MapFunction):
-    """The operator that slows down at the onset (backpressure, checkpoint timeouts)."""
+    """The operator that slows down (backpressure, checkpoint timeouts) or fails (restart loops)."""
 
-    def __init__(self, onset_ms: int, slow_records_per_s: float):
-        self.onset_ms, self.slow_records_per_s = onset_ms, slow_records_per_s
+    def __init__(self, slow_onset_ms, slow_records_per_s, slow_period_s, slow_on_s, fail_onset_ms, fail_after_s):
+        self.slow_onset_ms, self.slow_records_per_s = slow_onset_ms, slow_records_per_s
+        self.slow_period_s, self.slow_on_s = slow_period_s, slow_on_s
+        self.fail_onset_ms, self.fail_after_s = fail_onset_ms, fail_after_s
+
+    def open(self, runtime_context: RuntimeContext):
+        self.opened_ms = now_ms()
 
     def map(self, value):
-        if self.slow_records_per_s > 0 and now_ms() >= self.onset_ms:
+        if self.slow_records_per_s > 0 and started(self.slow_onset_ms) and in_phase(self.slow_period_s, self.slow_on_s):
             time.sleep(1.0 / self.slow_records_per_s)
+        if started(self.fail_onset_ms) and now_ms() - max(self.opened_ms, self.fail_onset_ms) > self.fail_after_s * 1000:
+            raise RuntimeError("lab: enrich fails (a poison record in a restart loop)")
         return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenario", required=True)
     parser.add_argument("--job-name", required=True)
-    parser.add_argument("--onset-ms", type=int, required=True)
-    parser.add_argument("--rate", type=int, default=200, help="records per second from the source")
-    parser.add_argument("--payload-bytes", type=int, default=64)
+    parser.add_argument("--rate", type=int, default=100, help="records per second from the source")
+    parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--parallelism", type=int, default=1)
-    parser.add_argument("--ttl-s", type=float, default=0.0)
-    parser.add_argument("--slow-records-per-s", type=float, default=0.0)
-    parser.add_argument("--hot-share", type=float, default=0.9)
+    parser.add_argument("--state-backend", default="hashmap", choices=["hashmap", "rocksdb"])
+    parser.add_argument("--incremental", default="false", choices=["true", "false"])
+    parser.add_argument("--checkpoint-storage", default="filesystem", choices=["filesystem", "jobmanager"])
     parser.add_argument("--checkpoint-interval-ms", type=int, default=3000)
     parser.add_argument("--checkpoint-timeout-ms", type=int, default=60000)
+    parser.add_argument("--max-concurrent-checkpoints", type=int, default=1)
+    parser.add_argument("--unaligned", default="false", choices=["true", "false"])
     parser.add_argument("--tolerable-failed-checkpoints", type=int, default=1000)
-    parser.add_argument("--checkpoint-storage", default="filesystem", choices=["filesystem", "jobmanager"])
+    parser.add_argument("--stateful", default="keyed", choices=["keyed", "window", "timer"])
+    parser.add_argument("--ttl-s", type=float, default=0.0, help="state TTL of keyed-state; 0: never expires")
+    parser.add_argument("--window-s", type=float, default=60.0)
+    parser.add_argument("--timer-s", type=float, default=60.0)
+    parser.add_argument("--window-keys", type=int, default=1000)
+    parser.add_argument("--second-stateful", default="false", choices=["true", "false"])
+    parser.add_argument("--ttl-b-s", type=float, default=30.0)
+    parser.add_argument("--leak-operator", default="a", choices=["a", "b"])
+    parser.add_argument("--leak-onset-ms", type=int, default=NEVER)
+    parser.add_argument("--leak-share", type=float, default=1.0)
+    parser.add_argument("--hot-onset-ms", type=int, default=NEVER)
+    parser.add_argument("--hot-share", type=float, default=0.9)
+    parser.add_argument("--keyed-cost-ms", type=float, default=0.0)
+    parser.add_argument("--slow-onset-ms", type=int, default=NEVER)
+    parser.add_argument("--slow-records-per-s", type=float, default=0.0)
+    parser.add_argument("--slow-period-s", type=float, default=0.0)
+    parser.add_argument("--slow-on-s", type=float, default=0.0)
+    parser.add_argument("--fail-onset-ms", type=int, default=NEVER)
+    parser.add_argument("--fail-after-s", type=float, default=30.0)
+    parser.add_argument("--burst-factor", type=int, default=1)
+    parser.add_argument("--burst-period-s", type=float, default=60.0)
+    parser.add_argument("--burst-on-s", type=float, default=15.0)
     args = parser.parse_args()
 
     config = Configuration()
     config.set_string("pipeline.name", args.job_name)
-    config.set_string("state.backend.type", "hashmap")
+    config.set_string("state.backend.type", args.state_backend)
+    config.set_string("execution.checkpointing.incremental", args.incremental)
     config.set_string("execution.checkpointing.storage", args.checkpoint_storage)
     # Small Python bundles: a barrier waits for the bundle in flight, as it would for one record in Java.
     config.set_string("python.fn-execution.bundle.size", "50")
@@ -121,6 +202,11 @@ def main() -> None:
     checkpoints = env.get_checkpoint_config()
     checkpoints.set_checkpoint_timeout(args.checkpoint_timeout_ms)
     checkpoints.set_tolerable_checkpoint_failure_number(args.tolerable_failed_checkpoints)
+    checkpoints.set_max_concurrent_checkpoints(args.max_concurrent_checkpoints)
+    if args.max_concurrent_checkpoints > 1:
+        checkpoints.set_min_pause_between_checkpoints(0)
+    if args.unaligned == "true":
+        checkpoints.enable_unaligned_checkpoints()
 
     tables = StreamTableEnvironment.create(env)
     tables.execute_sql(f"""
@@ -131,11 +217,31 @@ def main() -> None:
             'fields.payload.length' = '{args.payload_bytes}')""")
     source = tables.to_data_stream(tables.from_path("records"))
     pair = Types.TUPLE([Types.LONG(), Types.STRING()])
-    (source
-     .map(AssignKey(args.scenario, args.onset_ms, args.hot_share), output_type=pair).name("assign-key")
-     .key_by(lambda value: value[0], key_type=Types.LONG())
-     .process(KeyedState(args.ttl_s), output_type=pair).name("keyed-state").uid("keyed-state")
-     .map(Enrich(args.onset_ms, args.slow_records_per_s), output_type=pair).name("enrich")
+    keyed = (source
+             .flat_map(AssignKey(args.hot_onset_ms, args.hot_share, args.burst_factor, args.burst_period_s,
+                                 args.burst_on_s), output_type=pair).name("assign-key"))
+    leak_a = args.leak_onset_ms if args.leak_operator == "a" else NEVER
+    leak_b = args.leak_onset_ms if args.leak_operator == "b" else NEVER
+    if args.stateful == "window":
+        windows = args.window_keys
+        stateful = (keyed.key_by(lambda value: value[0] % windows, key_type=Types.LONG())
+                    .window(TumblingProcessingTimeWindows.of(Time.milliseconds(int(args.window_s * 1000))))
+                    .process(WindowContents(), output_type=pair).name("window").uid("window"))
+    elif args.stateful == "timer":
+        stateful = (keyed.key_by(lambda value: value[0], key_type=Types.LONG())
+                    .process(KeyedState(0.0, leak_a, args.leak_share, args.keyed_cost_ms, timer_s=args.timer_s),
+                             output_type=pair).name("timer-state").uid("timer-state"))
+    else:
+        stateful = (keyed.key_by(lambda value: value[0], key_type=Types.LONG())
+                    .process(KeyedState(args.ttl_s, leak_a, args.leak_share, args.keyed_cost_ms), output_type=pair)
+                    .name("keyed-state").uid("keyed-state"))
+    if args.second_stateful == "true":
+        stateful = (stateful.key_by(lambda value: value[0] // 7 + 1, key_type=Types.LONG())
+                    .process(KeyedState(args.ttl_b_s, leak_b, args.leak_share, 0.0), output_type=pair)
+                    .name("keyed-state-b").uid("keyed-state-b"))
+    (stateful
+     .map(Enrich(args.slow_onset_ms, args.slow_records_per_s, args.slow_period_s, args.slow_on_s,
+                 args.fail_onset_ms, args.fail_after_s), output_type=pair).name("enrich")
      .filter(lambda value: False).name("discard")
      .print().name("sink"))
     env.execute_async(args.job_name)

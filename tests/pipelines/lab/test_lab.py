@@ -17,40 +17,95 @@ def _vertex_event(job_id: str, ts: int, rates: list[float]) -> dict:
             "subtasks": [{"index": i, "records_in_per_s": r} for i, r in enumerate(rates)]}
 
 
+def _checkpoint(job_id: str, ts: int, status: str = "COMPLETED", message: str | None = None) -> dict:
+    return {"schema_version": 1, "kind": "checkpoint", "cluster": "lab", "job_id": job_id, "job_name": "j", "ts": ts,
+            "checkpoint_id": ts, "status": status, "failure_message": message}
+
+
 def test_skew_truth_names_the_subtask_that_got_the_hot_key_after_the_onset():
     job_id = "a" * 32
     events = [_vertex_event(job_id, 1000, [900.0, 10.0]),  # before the onset: does not count
               _vertex_event(job_id, 5000, [20.0, 280.0]), _vertex_event(job_id, 6000, [None, 290.0])]
-    truth = lab.ground_truth(lab.scenario("skew"), job_id, "lab-skew", events, onset_ms=4000, submitted_at=0)
+    truth = lab.ground_truth(lab.scenario("skew", 240), job_id, "lab-skew", events, onset_ms=4000, submitted_at=0)
     fault = truth["faults"][0]
     assert (truth["family"], fault["family"], fault["onset_ts"]) == ("skew", "skew", 4000)
     assert (fault["vertex_id"], fault["vertex_name"], fault["subtask_index"]) == ("v" * 32, "keyed-state", 1)
-    assert (truth["start_ts"], truth["end_ts"]) == (1000, 6000)
+    assert (truth["start_ts"], truth["end_ts"], truth["run_id"]) == (1000, 6000, "skew")
 
 
-def test_healthy_scenarios_have_no_fault_and_the_warmup_ttl_follows_the_duration():
-    truth = lab.ground_truth(lab.scenario("warmup"), "b" * 32, "lab-warmup", [], onset_ms=0, submitted_at=5)
-    assert truth["family"] == "healthy" and truth["faults"] == []
-    assert lab.scenario("warmup").args(240_000)["ttl-s"] == 180
+def test_checkpoint_failures_are_labelled_where_the_run_really_had_them():
+    job_id = "c" * 32
+    quiet = [_vertex_event(job_id, 1000, [1.0]), _checkpoint(job_id, 2000)]
+    # Backpressure that never failed a checkpoint: its planned symptom is not labelled.
+    truth = lab.ground_truth(lab.scenario("backpressure", 240), job_id, "j", quiet, onset_ms=500, submitted_at=0)
+    assert truth["families"] == ["backpressure"]
+    # One that did: the failure is labelled from the first failed checkpoint after the onset.
+    failing = quiet + [_checkpoint(job_id, 400, "FAILED", "Checkpoint expired before completing."),
+                       _checkpoint(job_id, 3000, "FAILED", "Checkpoint expired before completing.")]
+    truth = lab.ground_truth(lab.scenario("backpressure", 240), job_id, "j", failing, onset_ms=500, submitted_at=0)
+    assert truth["families"] == ["backpressure", "checkpoint_failure"]
+    assert [f["onset_ts"] for f in truth["faults"] if f["family"] == "checkpoint_failure"] == [3000]
+    # A cancellation aborts a checkpoint: that is not the job failing, even in a healthy run.
+    cancelled = quiet + [_checkpoint(job_id, 9000, "FAILED", "Checkpoint Coordinator is suspending.")]
+    assert lab.ground_truth(lab.scenario("healthy_ttl", 240), job_id, "j", cancelled, 0, 0)["faults"] == []
+    # Failures no scenario planned are labelled all the same.
+    surprise = lab.ground_truth(lab.scenario("healthy_ttl", 240), job_id, "j", failing, 0, 0)
+    assert surprise["families"] == ["checkpoint_failure"] and surprise["faults"][0]["onset_ts"] == 400
+
+
+def test_named_scenarios_scale_to_the_duration_and_unknown_ones_are_refused():
+    warmup = lab.scenario("warmup", 240)
+    assert warmup.family == "healthy" and warmup.faults == () and warmup.job_args["ttl-s"] == 120
+    backpressure = lab.scenario("backpressure", 400)
+    assert backpressure.onset_s == 100 and backpressure.onset_args == ("slow-onset-ms",)
     with pytest.raises(lab.LabError, match="unknown lab scenario"):
-        lab.scenario("oom")
+        lab.scenario("oom", 240)
 
 
-def test_runs_accumulate_in_the_dataset_layout_in_time_order(tmp_path):
+def test_the_corpus_splits_by_variant_and_every_split_covers_every_kind():
+    from pipelines.lab.corpus import corpus
+
+    variants = corpus()
+    assert len(variants) >= 60 and len({v.run_id for v in variants}) == len(variants)
+    by_split = {split: [v for v in variants if v.split == split] for split in lab.SPLITS}
+    for split in ("validation", "test"):
+        scenarios = {v.scenario for v in by_split[split]}
+        assert scenarios >= {"healthy_ttl", "leak_start", "leak_after_plateau", "leak_slow_on_ttl", "leak_one_of_two",
+                             "backpressure", "skew", "checkpoint_timeout", "restart_loop", "storage_outage"}, split
+        assert {v.run_id.split("-")[1] for v in by_split[split] if v.scenario == "backpressure"} >= {"severe"}
+        assert {v.run_id.split("-")[3] for v in by_split[split] if v.scenario == "skew"} == {"bp", "nobp"}
+    # Every parameter combination is in exactly one split: the test runs are combinations never trained on.
+    train_params = [v.job_args for v in by_split["train"]]
+    assert not [v for v in by_split["test"] if v.job_args in train_params]
+    assert corpus("leak_start-*") and all(v.scenario == "leak_start" for v in corpus("leak_start-*"))
+
+
+def test_runs_accumulate_in_the_dataset_layout_in_time_order_and_a_grid_skips_what_is_recorded(tmp_path):
     first = [_vertex_event("a" * 32, ts, [1.0]) for ts in (10, 30)]
     second = [_vertex_event("b" * 32, ts, [1.0]) for ts in (20, 40)]
-    for events in (first, second):
-        truth = lab.ground_truth(lab.scenario("healthy_ttl"), events[0]["job_id"], "j", events, 0, 0)
-        lab.record_run(tmp_path, "test", events, truth)
-    lab.record_run(tmp_path, "test", second, lab.ground_truth(lab.scenario("healthy_ttl"), "b" * 32, "j", second, 0, 0))
+    variant = lab.scenario("healthy_ttl", 240)
+    for events, run_id in ((first, "one"), (second, "two")):
+        truth = lab.ground_truth(variant, events[0]["job_id"], "j", events, 0, 0)
+        lab.record_run(tmp_path, "test", events, truth, {"run_id": run_id})
+    lab.record_run(tmp_path, "test", second, lab.ground_truth(variant, "b" * 32, "j", second, 0, 0), {"run_id": "two"})
 
-    lines = [json.loads(line) for line in (tmp_path / "test" / "events.jsonl").read_text().splitlines()]
+    from pipelines.datasets import read_jsonl
+
+    lines = list(read_jsonl(tmp_path / "test" / "events.jsonl.gz"))
     assert [e["ts"] for e in lines] == [10, 20, 30, 40]  # recording a job again replaces it
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["splits"]["test"]["jobs"] == 2 and manifest["scenarios"] == ["lab_healthy_ttl"]
+    assert lab.recorded_runs(tmp_path) == {"one", "two"}
     from feature_store.offline_store import dataset_files
 
-    assert dataset_files(tmp_path) == ([tmp_path / "test" / "events.jsonl"], [tmp_path / "test" / "ground_truth.jsonl"])
+    assert dataset_files(tmp_path) == ([tmp_path / "test" / "events.jsonl.gz"],
+                                       [tmp_path / "test" / "ground_truth.jsonl"])
+    # The same events give the same bytes (compressed without a timestamp): re-recording diffs cleanly.
+    before = (tmp_path / "test" / "events.jsonl.gz").read_bytes()
+    lab.record_run(tmp_path, "test", second, lab.ground_truth(variant, "b" * 32, "j", second, 0, 0), {"run_id": "two"})
+    assert (tmp_path / "test" / "events.jsonl.gz").read_bytes() == before
+    # A grid with nothing left to record starts no cluster.
+    assert lab.run_grid(None, [variant.with_(run_id="one")], tmp_path, progress=lambda _: None) == []
 
 
 @pytest.mark.slow
@@ -87,8 +142,9 @@ def test_a_real_flink_leak_job_reaches_the_input_topic_with_growing_state(config
     truth = [json.loads(line) for line in (tmp_path / "dataset" / "test" / "ground_truth.jsonl").read_text().splitlines()]
     assert truth[0]["job_id"] == run.job_id and truth[0]["faults"][0]["family"] == "state_leak"
     assert truth[0]["faults"][0]["vertex_id"] == keyed[0]["vertex_id"]
-    recorded = (tmp_path / "dataset" / "test" / "events.jsonl").read_text().splitlines()
-    assert len(recorded) == len(mine)
+    from pipelines.datasets import read_jsonl
+
+    assert len(list(read_jsonl(tmp_path / "dataset" / "test" / "events.jsonl.gz"))) == len(mine)
     # Stopped by PID: nothing listens on the lab's ports any more.
     assert not port_in_use("127.0.0.1", config.lab.rest_port)
 
@@ -110,7 +166,7 @@ def test_a_recorded_lab_run_is_a_training_set(spark, tmp_path):
             flink.poll = poll
             collector.poll()
     job_id = events[0]["job_id"]
-    truth = lab.ground_truth(lab.scenario("leak"), job_id, "lab-leak", events, onset_ms=0, submitted_at=0)
+    truth = lab.ground_truth(lab.scenario("leak", 240), job_id, "lab-leak", events, onset_ms=0, submitted_at=0)
     lab.record_run(tmp_path / "dataset", "train", events, truth)
 
     event_files, truth_files = offline_store.dataset_files(tmp_path / "dataset")

@@ -1,0 +1,142 @@
+"""The real-Flink corpus: a grid of lab variants, split by variant into train, validation and test.
+
+Each entry is one parameter combination of a scenario (state backend, parallelism, rate, record
+size, checkpoint interval, TTL or window length, severity, onset), recorded once. Splits are by
+variant and stratified by scenario, so the test split holds parameter combinations that training
+never saw, of every scenario that has three variants or more. The assignment is a seeded shuffle:
+adding variants to one scenario does not move another scenario's runs between splits.
+
+``sentinel lab --grid corpus`` records every variant not yet in the dataset folder; the committed
+recordings are under ``data/lab/``.
+"""
+
+from __future__ import annotations
+
+import random
+from fnmatch import fnmatch
+
+from pipelines.lab.scenarios import (LabVariant, backpressure, checkpoint_timeout, healthy_bursty, healthy_subsecond,
+                                     healthy_timer, healthy_ttl, healthy_window, leak_after_plateau, leak_one_of_two,
+                                     leak_slow_on_ttl, leak_start, restart_loop, skew, storage_outage)
+
+SPLIT_SEED = 0  # the first seed whose test and validation splits cover every sub-variant (severity, with or without backpressure, leak kinds)
+FRACTIONS = (0.6, 0.2, 0.2)
+
+
+def _variants() -> list[LabVariant]:
+    return [
+        # Healthy: TTL warm-ups of several lengths (all shorter than the default warm-up horizon),
+        # windows filling and firing, timers clearing state, bursty input, sub-second intervals.
+        healthy_ttl(20, "hashmap", 1, 150),
+        healthy_ttl(45, "rocksdb", 2, 120),
+        healthy_ttl(60, "hashmap", 1, 200, interval_ms=2000),
+        healthy_ttl(90, "rocksdb_inc", 1, 150),
+        healthy_ttl(120, "hashmap", 2, 100, interval_ms=5000, duration_s=330),
+        healthy_ttl(150, "hashmap", 1, 100, duration_s=360),
+        healthy_ttl(30, "rocksdb_inc", 3, 150),
+        healthy_ttl(75, "hashmap", 1, 250, interval_ms=1000),
+        healthy_ttl(100, "rocksdb", 1, 120, payload=300, duration_s=330),
+        healthy_ttl(135, "rocksdb_inc", 2, 100, duration_s=360),
+        healthy_window(30, 1, 150),
+        healthy_window(60, 2, 120, "rocksdb"),
+        healthy_window(45, 1, 200),
+        healthy_window(90, 1, 100, duration_s=330),
+        healthy_timer(30, 1, 150),
+        healthy_timer(60, 2, 120, "rocksdb"),
+        healthy_timer(90, 1, 100),
+        healthy_timer(45, 1, 200, "rocksdb_inc"),
+        healthy_bursty(3, 60, 15, 1, 80),
+        healthy_bursty(2, 45, 15, 2, 70),
+        healthy_bursty(3, 90, 20, 1, 60),
+        healthy_bursty(4, 60, 10, 1, 50),
+        healthy_subsecond(500, 2, 1, 100),
+        healthy_subsecond(700, 3, 1, 100, backend="rocksdb"),
+        healthy_subsecond(500, 3, 2, 80),
+        healthy_subsecond(800, 2, 1, 120, backend="rocksdb_inc"),
+        # State leaks: from the start (no limit known, the JobManager's 5 MiB, RocksDB full and
+        # incremental), after a plateau, slow on top of TTL-bounded state, in one of two operators.
+        leak_start("hashmap", "filesystem", 1, 150),
+        leak_start("rocksdb", "filesystem", 1, 150),
+        leak_start("rocksdb_inc", "filesystem", 2, 120),
+        leak_start("hashmap", "jobmanager", 1, 100),
+        leak_start("hashmap", "filesystem", 2, 80, payload=300),
+        leak_start("rocksdb_inc", "filesystem", 1, 60, interval_ms=5000),
+        leak_start("hashmap", "filesystem", 1, 250, interval_ms=1000),
+        leak_start("rocksdb", "filesystem", 3, 100),
+        leak_start("hashmap", "jobmanager", 2, 120),
+        leak_after_plateau(30, 120, "hashmap", 1, 150),
+        leak_after_plateau(45, 100, "rocksdb", 1, 150),
+        leak_after_plateau(20, 150, "rocksdb_inc", 2, 120, duration_s=360),
+        leak_after_plateau(60, 130, "hashmap", 2, 100, duration_s=360),
+        leak_after_plateau(30, 90, "hashmap", 1, 200),
+        leak_slow_on_ttl(45, 0.2, 90, "hashmap", 1, 200),
+        leak_slow_on_ttl(30, 0.1, 60, "rocksdb", 1, 250),
+        leak_slow_on_ttl(60, 0.3, 100, "rocksdb_inc", 2, 150),
+        leak_slow_on_ttl(40, 0.15, 90, "hashmap", 1, 200),
+        leak_slow_on_ttl(50, 0.25, 80, "hashmap", 2, 150),
+        leak_one_of_two("b", 0, 1, 150),
+        leak_one_of_two("a", 0, 1, 150),
+        leak_one_of_two("b", 90, 1, 150, "rocksdb"),
+        leak_one_of_two("a", 100, 2, 120),
+        leak_one_of_two("b", 0, 2, 100, "rocksdb_inc"),
+        # Backpressure: severe, mild and intermittent; aligned and unaligned checkpoints.
+        backpressure("severe", False, 1, 200),
+        backpressure("severe", True, 1, 200),
+        backpressure("mild", False, 1, 200),
+        backpressure("mild", True, 2, 150),
+        backpressure("intermittent", False, 1, 200),
+        backpressure("intermittent", True, 1, 250),
+        backpressure("severe", False, 2, 120),
+        backpressure("mild", False, 1, 300),
+        # Skew at parallelism 2 to 4, with and without the hot subtask saturating.
+        skew(2, 0.85, False, 150),
+        skew(3, 0.8, False, 200),
+        skew(4, 0.7, False, 200),
+        skew(2, 0.9, True, 150),
+        skew(3, 0.85, True, 150),
+        skew(4, 0.8, True, 120),
+        skew(2, 0.75, False, 250),
+        skew(3, 0.9, False, 120),
+        # Checkpoint failures: timeouts, a task failing in a loop, checkpoint storage refusing writes.
+        checkpoint_timeout(5000, 1, 200),
+        checkpoint_timeout(8000, 1, 300),
+        checkpoint_timeout(3000, 2, 150),
+        checkpoint_timeout(6000, 1, 150),
+        restart_loop(30, 1, 150),
+        restart_loop(20, 2, 150),
+        restart_loop(45, 1, 150),
+        restart_loop(25, 1, 200),
+        storage_outage(40, 25, 1, 150),
+        storage_outage(60, 30, 1, 150, "rocksdb"),
+        storage_outage(30, 20, 2, 120),
+    ]
+
+
+def assign_splits(variants: list[LabVariant], seed: int = SPLIT_SEED, fractions=FRACTIONS) -> list[LabVariant]:
+    """Each variant with its split: per scenario, a seeded shuffle cut at the fractions."""
+    by_scenario: dict[str, list[LabVariant]] = {}
+    for variant in variants:
+        by_scenario.setdefault(variant.scenario, []).append(variant)
+    out = []
+    for scenario, group in by_scenario.items():
+        group = sorted(group, key=lambda v: v.run_id)
+        random.Random(f"lab-split:{seed}:{scenario}").shuffle(group)
+        n = len(group)
+        n_test = max(1, round(n * fractions[2])) if n >= 3 else 0
+        n_validation = max(1, round(n * fractions[1])) if n >= 3 else 0
+        for i, variant in enumerate(group):
+            split = "test" if i < n_test else "validation" if i < n_test + n_validation else "train"
+            out.append(variant.with_(split=split))
+    return out
+
+
+def corpus(only: str | None = None) -> list[LabVariant]:
+    """The corpus' variants with their splits, optionally those whose run id matches ``only`` (a glob)."""
+    variants = assign_splits(_variants())
+    ids = [v.run_id for v in variants]
+    if len(set(ids)) != len(ids):
+        raise ValueError("two corpus variants share a run id")
+    return [v for v in variants if only is None or fnmatch(v.run_id, only)]
+
+
+GRIDS = {"corpus": corpus}

@@ -1,0 +1,246 @@
+"""The lab's scenarios: real Flink jobs that fail (or stay healthy) in a known way, as run specs.
+
+A :class:`LabVariant` is one run: the scenario it belongs to, the flags of the PyFlink job
+(``flink_jobs/scenario_job.py``), when its fault begins (seconds after the job starts), how long
+it runs and the faults it must be labelled with. Scenario builders turn a few parameters into a
+variant, so the corpus (``pipelines/lab/corpus.py``) is a grid of parameter combinations and
+``sentinel lab NAME`` runs one named variant.
+
+Faults name the operator they live in (the job names its vertices after its operators) or
+nothing for a job-level fault. A fault caused by another (failing checkpoints behind
+backpressure, backpressure behind a hot key) is listed too: on-call must hear of it, in the
+cause's incident or in its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
+
+
+@dataclass(frozen=True)
+class LabFault:
+    family: str
+    vertex: str | None  # operator name; None: the job as a whole
+    hot_subtask: bool = False  # a skew's hot subtask is read from the run (most records after the onset)
+    at_first_failure: bool = False  # onset = the first failed checkpoint after the fault's onset, if any
+
+
+@dataclass(frozen=True)
+class LabVariant:
+    run_id: str
+    scenario: str
+    description: str
+    job_args: dict
+    faults: tuple[LabFault, ...] = ()
+    onset_s: float = 0.0  # after the job starts; 0: from the start
+    onset_args: tuple[str, ...] = ()  # job flags that receive the onset as an epoch time
+    duration_s: int = 300
+    storage_outage: tuple[float, float] | None = None  # (period, down) seconds: checkpoint storage unwritable
+    split: str = "test"
+
+    @property
+    def family(self) -> str:
+        """The run's primary family (the first fault's), or healthy."""
+        return self.faults[0].family if self.faults else "healthy"
+
+    @property
+    def parallelism(self) -> int:
+        return int(self.job_args.get("parallelism", 1))
+
+    def with_(self, **changes) -> "LabVariant":
+        from dataclasses import replace
+        return replace(self, **changes)
+
+
+BASE_ARGS = {"rate": 150, "payload-bytes": 100, "checkpoint-interval-ms": 3000}
+
+
+def _args(**overrides) -> dict:
+    args = dict(BASE_ARGS)
+    args.update({k.replace("_", "-"): v for k, v in overrides.items()})
+    return args
+
+
+def _backend(name: str) -> dict:
+    """``hashmap``, ``rocksdb`` (full checkpoints) or ``rocksdb_inc`` (incremental)."""
+    return {"hashmap": {"state-backend": "hashmap"}, "rocksdb": {"state-backend": "rocksdb", "incremental": "false"},
+            "rocksdb_inc": {"state-backend": "rocksdb", "incremental": "true"}}[name]
+
+
+def _id(*parts) -> str:
+    return "-".join(str(p) for p in parts if p not in (None, ""))
+
+
+# --- healthy ---------------------------------------------------------------------------------------
+
+def healthy_ttl(ttl_s=30, backend="hashmap", p=1, rate=150, payload=100, interval_ms=3000, duration_s=300):
+    return LabVariant(_id("healthy_ttl", f"ttl{ttl_s}", backend, f"p{p}", f"r{rate}", f"i{interval_ms}"), "healthy_ttl",
+                      f"state TTL {ttl_s}s: state grows for {ttl_s}s, then stays flat",
+                      _args(ttl_s=ttl_s, parallelism=p, rate=rate, payload_bytes=payload,
+                            checkpoint_interval_ms=interval_ms, **_backend(backend)), duration_s=duration_s)
+
+
+def healthy_window(window_s=60, p=1, rate=150, backend="hashmap", duration_s=300):
+    return LabVariant(_id("healthy_window", f"w{window_s}", backend, f"p{p}", f"r{rate}"), "healthy_window",
+                      f"a {window_s}s tumbling window keeps its elements until it fires: state fills and empties",
+                      _args(stateful="window", window_s=window_s, parallelism=p, rate=rate, **_backend(backend)),
+                      duration_s=duration_s)
+
+
+def healthy_timer(timer_s=60, p=1, rate=150, backend="hashmap", duration_s=300):
+    return LabVariant(_id("healthy_timer", f"t{timer_s}", backend, f"p{p}", f"r{rate}"), "healthy_timer",
+                      f"a processing-time timer clears each key {timer_s}s after it appears",
+                      _args(stateful="timer", timer_s=timer_s, parallelism=p, rate=rate, **_backend(backend)),
+                      duration_s=duration_s)
+
+
+def healthy_bursty(factor=3, period_s=60, on_s=15, p=1, rate=80, ttl_s=30, duration_s=300):
+    return LabVariant(_id("healthy_bursty", f"x{factor}", f"per{period_s}", f"p{p}", f"r{rate}"), "healthy_bursty",
+                      f"input bursts to {factor}x for {on_s}s of every {period_s}s, with spare capacity",
+                      _args(burst_factor=factor, burst_period_s=period_s, burst_on_s=on_s, ttl_s=ttl_s, parallelism=p,
+                            rate=rate), duration_s=duration_s)
+
+
+def healthy_subsecond(interval_ms=500, concurrent=2, p=1, rate=100, ttl_s=30, backend="hashmap", duration_s=300):
+    return LabVariant(_id("healthy_subsecond", f"i{interval_ms}", f"c{concurrent}", backend, f"p{p}"), "healthy_subsecond",
+                      f"checkpoints every {interval_ms} ms, up to {concurrent} at once",
+                      _args(checkpoint_interval_ms=interval_ms, max_concurrent_checkpoints=concurrent, ttl_s=ttl_s,
+                            parallelism=p, rate=rate, **_backend(backend)), duration_s=duration_s)
+
+
+# --- state leaks -------------------------------------------------------------------------------------
+
+def leak_start(backend="hashmap", storage="filesystem", p=1, rate=150, payload=100, interval_ms=3000, duration_s=360):
+    faults = [LabFault(STATE_LEAK, "keyed-state")]
+    if storage == "jobmanager":  # the 5 MiB limit: past it every checkpoint fails
+        faults.append(LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True))
+    return LabVariant(_id("leak_start", backend, storage, f"p{p}", f"r{rate}", f"b{payload}", f"i{interval_ms}"),
+                      "leak_start", "every record a new key, never cleared: state grows from the start",
+                      _args(ttl_s=0, checkpoint_storage=storage, parallelism=p, rate=rate, payload_bytes=payload,
+                            checkpoint_interval_ms=interval_ms, **_backend(backend)),
+                      tuple(faults), duration_s=duration_s)
+
+
+def leak_after_plateau(ttl_s=30, onset_s=120, backend="hashmap", p=1, rate=150, duration_s=330):
+    return LabVariant(_id("leak_after_plateau", f"ttl{ttl_s}", f"on{onset_s}", backend, f"p{p}", f"r{rate}"),
+                      "leak_after_plateau", f"TTL-bounded state ({ttl_s}s) until a change at {onset_s}s keeps every key",
+                      _args(ttl_s=ttl_s, leak_share=1.0, parallelism=p, rate=rate, **_backend(backend)),
+                      (LabFault(STATE_LEAK, "keyed-state"),), onset_s, ("leak-onset-ms",), duration_s)
+
+
+def leak_slow_on_ttl(ttl_s=45, share=0.2, onset_s=90, backend="hashmap", p=1, rate=200, duration_s=360):
+    return LabVariant(_id("leak_slow_on_ttl", f"ttl{ttl_s}", f"s{share}", f"on{onset_s}", backend, f"p{p}", f"r{rate}"),
+                      "leak_slow_on_ttl", f"{share:.0%} of the records are kept forever on top of a {ttl_s}s TTL",
+                      _args(ttl_s=ttl_s, leak_share=share, parallelism=p, rate=rate, **_backend(backend)),
+                      (LabFault(STATE_LEAK, "keyed-state"),), onset_s, ("leak-onset-ms",), duration_s)
+
+
+def leak_one_of_two(operator="b", onset_s=0, p=1, rate=150, backend="hashmap", duration_s=360):
+    vertex = "keyed-state" if operator == "a" else "keyed-state-b"
+    return LabVariant(_id("leak_one_of_two", operator, f"on{onset_s}", backend, f"p{p}", f"r{rate}"), "leak_one_of_two",
+                      f"two stateful operators with a 30s TTL; {vertex} also keeps every key from {onset_s}s",
+                      _args(ttl_s=30, ttl_b_s=30, second_stateful="true", leak_operator=operator, leak_share=1.0,
+                            leak_onset_ms=-1, parallelism=p, rate=rate, **_backend(backend)),
+                      (LabFault(STATE_LEAK, vertex),), onset_s, ("leak-onset-ms",), duration_s)
+
+
+# --- backpressure ------------------------------------------------------------------------------------
+
+def backpressure(severity="severe", unaligned=False, p=1, rate=200, onset_s=75, duration_s=300):
+    """``severe``: enrich handles a quarter of the input; ``mild``: 70 %; ``intermittent``: a
+    quarter for 20 s of every 60 s."""
+    capacity = {"severe": 0.25, "mild": 0.7, "intermittent": 0.25}[severity] * rate * p
+    intermittent = {"slow_period_s": 60, "slow_on_s": 20} if severity == "intermittent" else {}
+    faults = (LabFault(BACKPRESSURE, "enrich"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True))
+    return LabVariant(_id("backpressure", severity, "unaligned" if unaligned else "aligned", f"p{p}", f"r{rate}"),
+                      "backpressure", f"{severity} backpressure: enrich slows to {capacity:.0f} records/s under {rate * p}",
+                      _args(ttl_s=30, slow_records_per_s=capacity / p, unaligned=str(unaligned).lower(), parallelism=p,
+                            rate=rate * p, **intermittent),
+                      faults, onset_s, ("slow-onset-ms",), duration_s)
+
+
+# --- skew --------------------------------------------------------------------------------------------
+
+def skew(p=2, share=0.85, with_backpressure=False, rate=150, onset_s=75, duration_s=300):
+    faults = [LabFault(SKEW, "keyed-state", hot_subtask=True)]
+    cost = 0.0
+    if with_backpressure:
+        # Each record costs enough that the hot subtask cannot keep up once it gets most of them.
+        cost = round(1.3 * 1000.0 / (share * rate), 2)
+        faults += [LabFault(BACKPRESSURE, "keyed-state"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True)]
+    return LabVariant(_id("skew", f"p{p}", f"s{share}", "bp" if with_backpressure else "nobp", f"r{rate}"), "skew",
+                      f"{share:.0%} of the records carry one key" + (", and the hot subtask saturates" if with_backpressure else ""),
+                      _args(ttl_s=30, hot_share=share, keyed_cost_ms=cost, parallelism=p, rate=rate),
+                      tuple(faults), onset_s, ("hot-onset-ms",), duration_s)
+
+
+# --- checkpoint failures -----------------------------------------------------------------------------
+
+def checkpoint_timeout(timeout_ms=5000, p=1, rate=200, onset_s=75, duration_s=300):
+    return LabVariant(_id("checkpoint_timeout", f"to{timeout_ms}", f"p{p}", f"r{rate}"), "checkpoint_timeout",
+                      f"enrich nearly stops under a {timeout_ms / 1000:g}s checkpoint timeout: checkpoints expire",
+                      _args(ttl_s=30, slow_records_per_s=10, checkpoint_timeout_ms=timeout_ms, parallelism=p, rate=rate),
+                      (LabFault(CHECKPOINT_FAILURE, None), LabFault(BACKPRESSURE, "enrich")),
+                      onset_s, ("slow-onset-ms",), duration_s)
+
+
+def restart_loop(fail_after_s=30, p=1, rate=150, onset_s=75, duration_s=300):
+    return LabVariant(_id("restart_loop", f"f{fail_after_s}", f"p{p}", f"r{rate}"), "restart_loop",
+                      f"enrich fails {fail_after_s}s after every (re)start: the job restarts in a loop",
+                      _args(ttl_s=30, fail_after_s=fail_after_s, parallelism=p, rate=rate),
+                      (LabFault(CHECKPOINT_FAILURE, None),), onset_s, ("fail-onset-ms",), duration_s)
+
+
+def storage_outage(period_s=40, down_s=25, p=1, rate=150, backend="hashmap", onset_s=75, duration_s=300):
+    return LabVariant(_id("storage_outage", f"per{period_s}", f"down{down_s}", backend, f"p{p}", f"r{rate}"),
+                      "storage_outage", f"the checkpoint storage refuses writes for {down_s}s of every {period_s}s",
+                      _args(ttl_s=30, parallelism=p, rate=rate, **_backend(backend)),
+                      (LabFault(CHECKPOINT_FAILURE, None),), onset_s, (), duration_s, storage_outage=(period_s, down_s))
+
+
+BUILDERS = {b.__name__: b for b in (healthy_ttl, healthy_window, healthy_timer, healthy_bursty, healthy_subsecond,
+                                    leak_start, leak_after_plateau, leak_slow_on_ttl, leak_one_of_two, backpressure,
+                                    skew, checkpoint_timeout, restart_loop, storage_outage)}
+
+
+@dataclass(frozen=True)
+class NamedScenario:
+    """A variant ``sentinel lab NAME`` runs on its own, scaled to the duration asked for."""
+
+    name: str
+    build: object
+    params: dict = field(default_factory=dict)
+    onset_fraction: float | None = None  # of the duration; None: the builder's own onset
+
+    def variant(self, duration_s: int) -> LabVariant:
+        params = dict(self.params, duration_s=duration_s)
+        if self.onset_fraction is not None:
+            params["onset_s"] = round(self.onset_fraction * duration_s)
+        return self.build(**params).with_(run_id=self.name)
+
+
+NAMED: dict[str, NamedScenario] = {s.name: s for s in (
+    NamedScenario("leak", leak_start, {"storage": "jobmanager", "rate": 100}),
+    NamedScenario("leak_no_limit", leak_start, {"rate": 150}),
+    NamedScenario("leak_after_plateau", leak_after_plateau, {}, 0.35),
+    NamedScenario("leak_slow_on_ttl", leak_slow_on_ttl, {}, 0.3),
+    NamedScenario("leak_one_of_two", leak_one_of_two, {}),
+    NamedScenario("leak_rocksdb_incremental", leak_start, {"backend": "rocksdb_inc"}),
+    NamedScenario("healthy_ttl", healthy_ttl, {"ttl_s": 20}),
+    NamedScenario("warmup", healthy_ttl, {"ttl_s": 120}),
+    NamedScenario("healthy_window", healthy_window, {}),
+    NamedScenario("healthy_timer", healthy_timer, {}),
+    NamedScenario("healthy_bursty", healthy_bursty, {}),
+    NamedScenario("healthy_subsecond", healthy_subsecond, {}),
+    NamedScenario("backpressure", backpressure, {"rate": 400}, 0.25),
+    NamedScenario("backpressure_mild", backpressure, {"severity": "mild"}, 0.25),
+    NamedScenario("backpressure_intermittent", backpressure, {"severity": "intermittent"}, 0.25),
+    NamedScenario("backpressure_unaligned", backpressure, {"unaligned": True}, 0.25),
+    NamedScenario("skew", skew, {"rate": 300, "share": 0.9}, 0.25),
+    NamedScenario("skew_backpressure", skew, {"with_backpressure": True, "p": 3}, 0.25),
+    NamedScenario("checkpoint_timeout", checkpoint_timeout, {"rate": 300}, 0.25),
+    NamedScenario("restart_loop", restart_loop, {}, 0.25),
+    NamedScenario("storage_outage", storage_outage, {}, 0.25),
+)}
