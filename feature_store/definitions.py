@@ -20,6 +20,12 @@ SHORT_WINDOW_CHECKPOINTS = 12
 LONG_WINDOW_MS = 90 * 60_000
 METRIC_POLLS_AVERAGED = 4
 RESTART_WINDOW_MS = 30 * 60_000
+FAILURE_COUNT_WINDOW_MS = 2 * 60_000
+# A plateau: at least FLAT_MIN_POINTS completed checkpoints over FLAT_MIN_SPAN_MS, all within
+# FLAT_MAX_SPREAD of their mean (TTL-bounded state jitters by a few percent with the input rate).
+FLAT_MIN_POINTS = 5
+FLAT_MIN_SPAN_MS = 30_000
+FLAT_MAX_SPREAD = 0.08
 
 FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure", "context")
 
@@ -44,6 +50,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("job_age_checkpoints", "context", "job", "checkpoints", "since first seen",
             "checkpoints seen since the job appeared (young jobs are still warming up)"),
     Feature("checkpoint_interval_ms", "context", "job", "ms", "latest", "configured checkpoint interval"),
+    Feature("job_age_s", "context", "job", "s", "since the job (re)started",
+            "time since the job's latest restart, else since it started: first seen, or earlier when its first "
+            "checkpoint id says it ran before (ids start at 1)"),
     # --- state leak, job level -------------------------------------------------------------------
     Feature("state_size_bytes", "state_leak", "job", "bytes", "latest", "full state of the latest completed checkpoint"),
     Feature("state_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
@@ -54,6 +63,11 @@ FEATURES: tuple[Feature, ...] = (
     Feature("state_r2_long", "state_leak", "job", "ratio", _LONG, "R^2 of full state over the long horizon"),
     Feature("state_deceleration", "state_leak", "job", "ratio", _LONG,
             "slope of the later half over slope of the earlier half: ~1 for a leak, ~0 for a warm-up levelling off"),
+    Feature("state_over_prior_max", "state_leak", "job", "ratio", "since first seen",
+            "full state over the largest full state before the short window: above 1 only while state makes new highs"),
+    Feature("state_flat_seen", "state_leak", "job", "0/1", "since first seen",
+            f"1 once full state held a plateau (>= {FLAT_MIN_POINTS} checkpoints over >= {FLAT_MIN_SPAN_MS // 1000} s "
+            f"within {FLAT_MAX_SPREAD:.0%}): growth after it is not warm-up"),
     Feature("checkpointed_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
             "relative slope of the persisted (checkpointed) size; flat under incremental checkpoints"),
     Feature("state_growth_bytes_per_record", "state_leak", "job", "bytes/record", _SHORT,
@@ -74,6 +88,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("checkpoints_in_progress", "checkpoint_failure", "job", "checkpoints", "latest poll", "checkpoints in flight"),
     Feature("restarts_in_window", "checkpoint_failure", "job", "restarts", f"last {RESTART_WINDOW_MS // 60_000} min",
             "job restarts"),
+    Feature("checkpoint_failures_counted", "checkpoint_failure", "job", "checkpoints",
+            f"last {FAILURE_COUNT_WINDOW_MS // 60_000} min",
+            "increase of Flink's failed-checkpoint counter: also failures that never reach the checkpoint history "
+            "(a trigger that could not start, a restart)"),
     Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
     Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 20 polls", "relative slope of JobManager heap"),
     Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",
@@ -87,6 +105,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("vertex_state_r2_long", "state_leak", "vertex", "ratio", _LONG, "R^2 of the vertex's state, long horizon"),
     Feature("vertex_state_deceleration", "state_leak", "vertex", "ratio", _LONG, "later-half over earlier-half slope of the vertex's state"),
     Feature("vertex_limit_ratio", "state_leak", "vertex", "ratio", "latest", "largest subtask state of the vertex over the limit"),
+    Feature("vertex_state_over_prior_max", "state_leak", "vertex", "ratio", "since first seen",
+            "the vertex's state over its largest state before the short window"),
+    Feature("vertex_state_flat_seen", "state_leak", "vertex", "0/1", "since first seen",
+            "1 once the vertex's state held a plateau"),
     # --- backpressure, vertex level --------------------------------------------------------------
     Feature("busy_max", "backpressure", "vertex", "ratio", _POLLS, "busiest subtask's busy time over 1000 ms/s"),
     Feature("busy_mean", "backpressure", "vertex", "ratio", _POLLS, "mean subtask busy time over 1000 ms/s"),
@@ -96,6 +118,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("downstream_of_backpressure", "backpressure", "vertex", "ratio", _POLLS,
             "busy_max of this vertex times the largest backpressured_mean among the job's other vertices: high for the bottleneck"),
     Feature("is_busiest_vertex", "backpressure", "vertex", "0/1", _POLLS, "1 if this vertex has the job's highest busy_max"),
+    Feature("others_backpressured_max", "backpressure", "vertex", "ratio", _POLLS,
+            "the most backpressured subtask of the job's other vertices: a bottleneck makes its upstream wait"),
     Feature("in_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest input buffer pool usage"),
     Feature("out_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest output buffer pool usage"),
     Feature("start_delay_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
@@ -110,6 +134,11 @@ FEATURES: tuple[Feature, ...] = (
     Feature("records_in_cv", "skew", "vertex", "ratio", _POLLS, "coefficient of variation of subtask input rates"),
     Feature("state_max_over_mean", "skew", "vertex", "ratio", "latest completed checkpoint", "largest subtask state over the mean"),
     Feature("state_cv", "skew", "vertex", "ratio", "latest completed checkpoint", "coefficient of variation of subtask state"),
+    Feature("records_in_hot_excess", "skew", "vertex", "ratio", _POLLS,
+            "the busiest subtask's share of the input beyond 1/parallelism, scaled to [0, 1] (same reading at any "
+            "parallelism)"),
+    Feature("state_hot_excess", "skew", "vertex", "ratio", "latest completed checkpoint",
+            "the largest subtask's share of the state beyond 1/parallelism, scaled to [0, 1]"),
     Feature("start_delay_max_over_median", "skew", "vertex", "ratio", "latest checkpoint",
             "largest subtask start delay over the median (barrier alignment waiting on one subtask)"),
     Feature("hot_subtask", "skew", "vertex", "index", "latest",

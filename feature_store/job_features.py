@@ -21,6 +21,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Sequence
 
 from feature_store.definitions import (
+    FAILURE_COUNT_WINDOW_MS,
+    FLAT_MAX_SPREAD,
+    FLAT_MIN_POINTS,
+    FLAT_MIN_SPAN_MS,
     LONG_WINDOW_MS,
     METRIC_POLLS_AVERAGED,
     RESTART_WINDOW_MS,
@@ -30,6 +34,10 @@ from feature_store.definitions import (
 
 KIND_RANK = {"vertex_metrics": 0, "checkpoint": 1, "job_status": 2}  # polls update before they are evaluated
 TERMINAL_STATES = {"FINISHED", "CANCELED", "FAILED"}
+# Checkpoints a stopping job aborts (cancel, suspend, failover of the JobManager): not a failure
+# of the job's checkpointing, so they are not counted as one.
+STOPPING_FAILURES = ("Coordinator is suspending", "is shutting down", "Job is cancelling", "job has been cancelled")
+JOB = "job"  # the key of job-level entries in per-vertex maps
 LONG_BUFFER_POINTS = 240
 HEAP_POLLS = 20
 DEFAULT_IDLE_TIMEOUT_MS = 30 * 60_000
@@ -116,6 +124,31 @@ def _spread(values: Sequence[float | None]) -> tuple[float | None, float | None,
     return max(vals) / mean, std / mean, hot
 
 
+def hot_excess(values: Sequence[float | None]) -> float | None:
+    """How much more than its fair share the busiest subtask takes, scaled to [0, 1]:
+    0 when every subtask gets ``1/n``, 1 when one gets everything. Unlike max over mean (at most
+    ``n``) it reads the same at any parallelism."""
+    known = [v for v in values if v is not None]
+    total = sum(known)
+    if len(known) < 2 or total <= 0:
+        return None
+    n = len(known)
+    return max(0.0, (max(known) / total - 1.0 / n) / (1.0 - 1.0 / n))
+
+
+def is_flat(points: Sequence[Sequence[float]]) -> bool:
+    """A plateau: enough points over a long enough span, all within a narrow band of their mean."""
+    values = [p[1] for p in points if p[1] is not None]
+    if len(values) < FLAT_MIN_POINTS or points[-1][0] - points[0][0] < FLAT_MIN_SPAN_MS:
+        return False
+    mean = sum(values) / len(values)
+    return mean > 0 and (max(values) - min(values)) / mean <= FLAT_MAX_SPREAD
+
+
+def _over(value: float | None, reference: float | None) -> float | None:
+    return value / reference if value is not None and reference else None
+
+
 def _ratio(value: float | None, scale: float = 1000.0) -> float | None:
     return None if value is None else value / scale
 
@@ -142,6 +175,13 @@ class JobFeatureState:
     restarts: list = field(default_factory=list)  # [[ts, num_restarts], ...]
     terminated: bool = False
     last_failure: list | None = None  # [ts, failure message] of the latest FAILED checkpoint
+    first_seen_ts: int | None = None
+    first_checkpoint: list | None = None  # [trigger_ts, checkpoint_id] of the first checkpoint seen
+    restarted_ts: int | None = None  # when num_restarts last went up
+    failed_counts: list = field(default_factory=list)  # [[ts, checkpoints_failed_total], ...] (Flink's counter)
+    retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
+    flat_seen: dict = field(default_factory=dict)  # JOB or vid: 1.0 once its state held a plateau
+    recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
 
     # --- persistence ---------------------------------------------------------------------------
 
@@ -171,6 +211,8 @@ class JobFeatureState:
             self.__init__()  # type: ignore[misc]  # the job went away and came back: start afresh
         self.cluster, self.job_id, self.job_name = event["cluster"], event["job_id"], event.get("job_name", "")
         self.last_seen_ts, self.last_key = ts, key
+        if self.first_seen_ts is None:
+            self.first_seen_ts = ts
         kind = event["kind"]
         if kind == "vertex_metrics":
             self._poll(event)
@@ -209,8 +251,12 @@ class JobFeatureState:
 
     def _checkpoint(self, event: dict) -> None:
         ts = int(event["ts"])
-        self.age_checkpoints += 1
         failed = event["status"] != "COMPLETED"
+        if failed and any(m in (event.get("failure_message") or "") for m in STOPPING_FAILURES):
+            return
+        self.age_checkpoints += 1
+        if self.first_checkpoint is None and event.get("checkpoint_id") is not None:
+            self.first_checkpoint = [event.get("trigger_ts") or ts, event["checkpoint_id"]]
         if failed:
             self.last_failure = [ts, event.get("failure_message")]
         self.checkpoints.append([ts, int(failed), event.get("end_to_end_duration_ms"), event.get("persisted_data_bytes")])
@@ -236,7 +282,22 @@ class JobFeatureState:
             return
         entry = [ts, event["state_size_bytes"], event["checkpointed_size_bytes"], per_vertex]
         self.completed.append(entry)
+        for retired in self.completed[:-SHORT_WINDOW_CHECKPOINTS]:
+            self._retire(JOB, retired[1])
+            for vid, sizes in retired[3].items():
+                self._retire(vid, sizes[0])
         del self.completed[:-SHORT_WINDOW_CHECKPOINTS]
+        if not self.recent or ts - self.recent[-1][0] >= FLAT_MIN_SPAN_MS / 20:
+            self.recent.append(entry)
+        self.recent = [e for e in self.recent if e[0] >= ts - FLAT_MIN_SPAN_MS * 1.5]
+        # A plateau over the short window, or over the recent buffer when checkpoints come too
+        # often for twelve of them to span FLAT_MIN_SPAN_MS.
+        window = self.completed if ts - self.completed[0][0] >= FLAT_MIN_SPAN_MS else self.recent
+        if is_flat([[e[0], e[1]] for e in window]):
+            self.flat_seen[JOB] = 1.0
+        for vid in per_vertex:
+            if is_flat([[e[0], e[3][vid][0]] for e in window if vid in e[3]]):
+                self.flat_seen[vid] = 1.0
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
             self.completed_long.append(entry)
@@ -251,10 +312,30 @@ class JobFeatureState:
         if used is not None and maximum:
             self.heap.append([ts, used / maximum])
             del self.heap[:-HEAP_POLLS]
+        if self.restarts and event["num_restarts"] > self.restarts[-1][1]:
+            self.restarted_ts = ts
         self.restarts.append([ts, event["num_restarts"]])
         self.restarts = [r for r in self.restarts if r[0] >= ts - RESTART_WINDOW_MS]
+        if event.get("checkpoints_failed_total") is not None:
+            self.failed_counts.append([ts, event["checkpoints_failed_total"]])
+            self.failed_counts = [c for c in self.failed_counts if c[0] >= ts - FAILURE_COUNT_WINDOW_MS]
         if event["state"] in TERMINAL_STATES:
             self.terminated = True
+
+    def _retire(self, key: str, size: float | None) -> None:
+        if size is not None:
+            self.retired_max[key] = max(self.retired_max.get(key, size), size)
+
+    def _started_ts(self) -> int | None:
+        """When the job's current run began: the last restart, else the first thing seen of it,
+        or earlier when its first checkpoint's id says it ran before we saw it (ids start at 1)."""
+        if self.restarted_ts is not None:
+            return self.restarted_ts
+        start = self.first_seen_ts
+        interval = self.status.get("checkpoint_interval_ms")
+        if start is not None and self.first_checkpoint and interval:
+            start = min(start, int(self.first_checkpoint[0] - (self.first_checkpoint[1] - 1) * interval))
+        return start
 
     # --- features --------------------------------------------------------------------------------
 
@@ -265,12 +346,13 @@ class JobFeatureState:
         job = self._job_features()
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **dict.fromkeys(VERTEX_FEATURES)}]
         vertex_bp = {vid: _mean(p[3] for p in polls) for vid, polls in self.polls.items()}
+        vertex_bp_max = {vid: _mean(p[2] for p in polls) for vid, polls in self.polls.items()}
         busy = {vid: _mean(p[0] for p in polls) for vid, polls in self.polls.items()}
         busiest = max((v for v in busy if busy[v] is not None), key=lambda v: busy[v], default=None)
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
             rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job,
-                         **self._vertex_features(vid, vertex_bp, busy, busiest)})
+                         **self._vertex_features(vid, vertex_bp, vertex_bp_max, busy, busiest)})
         return rows
 
     def _limit(self) -> float | None:
@@ -278,13 +360,17 @@ class JobFeatureState:
         return float(limit) if limit else None
 
     def _job_features(self) -> dict[str, Any]:
+        started = self._started_ts()
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
+                             "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
                              "checkpoint_interval_ms": self.status.get("checkpoint_interval_ms")}
         short = [[e[0], e[1]] for e in self.completed]
         long = [[e[0], e[1]] for e in self.completed_long]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
         (f["state_rel_slope_per_h"], f["state_r2"], f["state_rel_slope_long_per_h"], f["state_r2_long"],
          f["state_deceleration"]) = state_trends(short, long)
+        f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
+        f["state_flat_seen"] = self.flat_seen.get(JOB, 0.0) if self.completed else None
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
@@ -319,6 +405,8 @@ class JobFeatureState:
         f["checkpoint_duration_rel_slope_per_h"], _ = relative_trend([[c[0], c[2]] for c in cps])
         f["checkpoints_in_progress"] = self.status.get("checkpoints_in_progress")
         f["restarts_in_window"] = float(self.restarts[-1][1] - min(r[1] for r in self.restarts)) if self.restarts else None
+        counts = self.failed_counts
+        f["checkpoint_failures_counted"] = float(max(0, counts[-1][1] - counts[0][1])) if counts else None
         f["jm_heap_ratio"] = self.heap[-1][1] if self.heap else None
         f["jm_heap_rel_slope_per_h"], _ = relative_trend(self.heap)
         f["persisted_inflight_bytes"] = cps[-1][3] if cps else None
@@ -334,11 +422,14 @@ class JobFeatureState:
                 totals.append(sum(r for r in latest if r is not None))
         return max(totals) if totals else None
 
-    def _vertex_features(self, vid: str, vertex_bp: dict, busy: dict, busiest: str | None) -> dict[str, Any]:
+    def _vertex_features(self, vid: str, vertex_bp: dict, vertex_bp_max: dict, busy: dict,
+                         busiest: str | None) -> dict[str, Any]:
         f: dict[str, Any] = {}
         short = [[e[0], e[3][vid][0]] for e in self.completed if vid in e[3]]
         long = [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]]
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
+        f["vertex_state_over_prior_max"] = _over(f["vertex_state_size_bytes"], self.retired_max.get(vid))
+        f["vertex_state_flat_seen"] = self.flat_seen.get(vid, 0.0) if short else None
         (f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"], f["vertex_state_rel_slope_long_per_h"],
          f["vertex_state_r2_long"], f["vertex_state_deceleration"]) = state_trends(short, long)
         limit = self._limit()
@@ -353,6 +444,8 @@ class JobFeatureState:
         others = [bp for other, bp in vertex_bp.items() if other != vid and bp is not None]
         f["downstream_of_backpressure"] = (f["busy_max"] * max(others) / 1000.0
                                            if f["busy_max"] is not None and others else None)
+        others_max = [bp for other, bp in vertex_bp_max.items() if other != vid and bp is not None]
+        f["others_backpressured_max"] = max(others_max) / 1000.0 if others_max else None
         f["is_busiest_vertex"] = (1.0 if busiest == vid else 0.0) if busiest is not None else None
         f["in_pool_max"] = _mean(p[5] for p in polls)
         f["out_pool_max"] = _mean(p[6] for p in polls)
@@ -366,6 +459,8 @@ class JobFeatureState:
                    for k in range(max((len(p[7]) for p in polls), default=0))]
         f["records_in_max_over_mean"], f["records_in_cv"], hot_records = _spread(records)
         f["state_max_over_mean"], f["state_cv"], hot_state = _spread(detail.get("states", []))
+        f["records_in_hot_excess"] = hot_excess(records)
+        f["state_hot_excess"] = hot_excess(detail.get("states", []))
         delays = [d for d in detail.get("delays", []) if d is not None]
         median = sorted(delays)[len(delays) // 2] if delays else None
         f["start_delay_max_over_median"] = max(delays) / max(median, 1.0) if delays and len(delays) >= 2 else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-LOCALISED_FAMILIES = ("state_leak", "backpressure", "skew")
+from pipelines.families import LOCALISED as LOCALISED_FAMILIES
 LABEL_COLUMNS = (("label", "string"), ("onset_ts", "long"), ("label_subtask", "long"))
 
 

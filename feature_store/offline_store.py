@@ -22,6 +22,7 @@ from feature_store.compute import batch_features, event_frame
 from feature_store.definitions import feature_row_schema
 from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS
 from feature_store.labels import LABEL_COLUMNS, label_rows
+from pipelines.datasets import dataset_files, read_jsonl  # noqa: F401  (the layout the store backfills from)
 
 def _with_date(features: DataFrame) -> DataFrame:
     return features.withColumn("date", F.to_date(F.timestamp_millis("ts")))
@@ -69,6 +70,11 @@ def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: str |
         features.unpersist()
 
 
+def read_truth_lines(path: str | Path) -> list[dict]:
+    """The ground-truth lines of one file, as dicts."""
+    return list(read_jsonl(Path(path)))
+
+
 def read_ground_truth(spark: SparkSession, paths: Sequence[str | Path]) -> DataFrame:
     """Ground-truth lines (one per job, as the simulator and the lab write them)."""
     schema = ("cluster string, job_id string, job_name string, scenario string, family string, "
@@ -114,16 +120,6 @@ def as_of_join(entities: DataFrame, features: DataFrame, keys: Sequence[str] = (
     picked = joined.withColumn("_rank", F.row_number().over(latest)).filter(F.col("_rank") == 1)
     originals = [c for c in entities.columns if c != "_entity"]
     return picked.select(*originals, "feature_ts", *[F.col(f"_f_{c}").alias(c) for c in carried])
-
-
-def dataset_files(dataset_dir: str | Path, splits: Sequence[str] = ("train", "validation", "test")) -> tuple[list[Path], list[Path]]:
-    """The events and ground-truth files of a dataset folder (simulator or lab layout)."""
-    root = Path(dataset_dir)
-    if not (root / "manifest.json").is_file():
-        raise FileNotFoundError(f"{root} is not a dataset folder (no manifest.json); make one with "
-                                "`sentinel simulate --dataset DIR` or `sentinel lab`")
-    present = [s for s in splits if (root / s / "events.jsonl").is_file()]
-    return [root / s / "events.jsonl" for s in present], [root / s / "ground_truth.jsonl" for s in present]
 
 
 def training_set(spark: SparkSession, store_root: str | Path, ground_truth_paths: Sequence[str | Path],

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from pipelines.simulator.job import JobSimulation
+from pipelines.datasets import read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
+from pipelines.simulator.job import FLINK_2_3, JobSimulation, Reporting
 from pipelines.simulator.scenarios import CATALOGUE, Scenario
 
 DEFAULT_START_TS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -54,14 +55,17 @@ def scenario(name: str) -> Scenario:
 
 
 def simulate_job(name: str, seed: int = 0, index: int = 0, duration_ms: int | None = None,
-                 cluster: str = "sim", start_ts: int = DEFAULT_START_TS, source: str = "simulator") -> SimulatedJob:
-    """Run one job of scenario ``name``. ``(seed, name, index)`` fixes every number it emits."""
+                 cluster: str = "sim", start_ts: int = DEFAULT_START_TS, source: str = "simulator",
+                 reporting: Reporting = FLINK_2_3) -> SimulatedJob:
+    """Run one job of scenario ``name``. ``(seed, name, index)`` fixes every number it emits; the
+    reporting only changes how its metrics read, not the job."""
     chosen = scenario(name)
     duration = duration_ms if duration_ms is not None else chosen.default_duration_ms
     rng = random.Random(f"{seed}:{name}:{index}")
     spec, faults = chosen.build(rng, duration)
     spec = _with_cluster(spec, cluster, index)
-    job = JobSimulation(spec, faults, seed=f"{seed}:{name}:{index}", start_ts=start_ts, source_label=source)
+    job = JobSimulation(spec, faults, seed=f"{seed}:{name}:{index}", start_ts=start_ts, source_label=source,
+                        reporting=reporting)
     events = job.run(duration)
     labelled = [f for f in faults if f.family is not None and f.onset_ms <= duration]
     truth = {
@@ -76,6 +80,10 @@ def simulate_job(name: str, seed: int = 0, index: int = 0, duration_ms: int | No
             for f in labelled
         ],
     }
+    if spec.warmup_horizon_ms:
+        # What its operator knows and would configure (detection.job_overrides): how long this
+        # job's healthy state grows after a start.
+        truth["warmup_horizon_s"] = spec.warmup_horizon_ms / 1000.0
     return SimulatedJob(events, truth)
 
 
@@ -124,23 +132,6 @@ def plan_jobs(mix: Sequence[tuple[str, float]], seed: int = 0, duration_ms: int 
 def merged_events(jobs: Iterable[SimulatedJob]) -> Iterator[dict]:
     """All jobs' events in event-time order, as one producer would see them."""
     return heapq.merge(*(job.events for job in jobs), key=lambda e: e["ts"])
-
-
-def write_jsonl(path: Path, records: Iterable[dict]) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with open(path, "w") as out:
-        for record in records:
-            out.write(json.dumps(record, separators=(",", ":")) + "\n")
-            count += 1
-    return count
-
-
-def read_jsonl(path: Path) -> Iterator[dict]:
-    with open(path) as lines:
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)
 
 
 def assign_splits(jobs: Sequence[SimulatedJob], seed: int, fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> dict[str, list[SimulatedJob]]:

@@ -17,7 +17,10 @@ rather than being painted on:
   TTL not yet expiring), plus whatever the faults add. Incremental checkpoints persist roughly
   the bytes written since the last checkpoint, not the full state.
 * **Reporting.** Per-second metrics are one-minute moving averages, as Flink's meters are;
-  sources report busy time as NaN (null); polls are occasionally missed; values jitter.
+  sources report busy time as NaN (null); polls are occasionally missed; values jitter. How a
+  job's metrics read around a (re)start follows :class:`Reporting`: :data:`FLINK_2_3`, measured
+  on the lab's real Flink 2.3 jobs (the default), or :data:`IDEALISED`, the model before it was
+  calibrated (kept to show what the calibration changed).
 
 Faults (``pipelines/simulator/faults.py``) hook into these quantities. Everything is driven by
 event time from a seeded ``random.Random``: the same seed gives the same events.
@@ -33,10 +36,40 @@ from typing import Iterator, Protocol
 
 from pipelines.contracts import SCHEMA_VERSION
 
+METRIC_FIELDS = ("busy_time_ms_per_s", "backpressured_time_ms_per_s", "idle_time_ms_per_s", "records_in_per_s",
+                 "records_out_per_s", "in_pool_usage", "out_pool_usage", "checkpoint_start_delay_ms",
+                 "checkpoint_alignment_time_ms")
 RECORD_BYTES = 600  # serialized size of a record in network buffers
 # In-flight data ahead of a barrier on a backpressured path: 32 KiB buffers, ~10 per channel,
 # a dozen channels per subtask along the path (4 MiB).
 NETWORK_BUFFER_BYTES = 32 * 1024 * 10 * 12 + 64 * 1024
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """How a job's metrics read around a (re)start, as Flink reports them."""
+
+    name: str
+    # Checkpoint ids count from the job's start: a job running for hours has large ids.
+    checkpoint_ids_from_start: bool = True
+    # Operators report busy 1000 ms/s while they start (PyFlink's Python workers take ~10 s,
+    # Java operators about a second): drawn per job from this range, in seconds.
+    startup_busy_s: tuple[float, float] = (1.0, 15.0)
+    # Per-second rates are 60 s meters: after a (re)start they ramp up from 0 over a minute,
+    # while busy/backpressured/idle times average over the time since the start.
+    meters_ramp_up: bool = True
+    # The first poll after a (re)start has no values yet (the metric fetcher has not run).
+    first_poll_empty: bool = True
+    # Checkpoints triggered before every task runs fail; counted, never in the history.
+    startup_trigger_failures: tuple[int, int] = (0, 4)
+
+
+IDEALISED = Reporting("idealised", checkpoint_ids_from_start=False, startup_busy_s=(0.0, 0.0), meters_ramp_up=False,
+                      first_poll_empty=False, startup_trigger_failures=(0, 0))
+FLINK_2_3 = Reporting("flink-2.3")
+REPORTINGS = {r.name: r for r in (IDEALISED, FLINK_2_3)}
+# A job that runs before the simulation starts has been up this long (its checkpoint ids say so).
+UPTIME_BEFORE_MS = 6 * 3_600_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +102,8 @@ class JobSpec:
     max_state_size_bytes: int | None = None
     upload_bytes_per_s: float = 150e6
     warmup_ms: int = 0  # 0: the job has been running long before the simulation starts
+    fresh_start: bool | None = None  # the job starts with the simulation (default: when it warms up)
+    warmup_horizon_ms: int | None = None  # what its operator declares: how long healthy state grows after a start
     warmup_shape: str = "saturating"  # saturating | window_fill
     missing_poll_probability: float = 0.02
     null_metric_probability: float = 0.01
@@ -146,6 +181,11 @@ class JobSimulation:
     seed: str = "0"
     start_ts: int = 1_767_225_600_000  # 2026-01-01T00:00:00Z
     source_label: str = "simulator"
+    reporting: Reporting = FLINK_2_3
+
+    @property
+    def fresh(self) -> bool:
+        return self.spec.fresh_start if self.spec.fresh_start is not None else self.spec.warmup_ms > 0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(f"job:{self.seed}")
@@ -162,6 +202,23 @@ class JobSimulation:
         self._history: deque[list[list[SubtaskSample]]] = deque()
         self._bursts: list[tuple[int, int, float]] = []
         self._pressure = 0.0
+        # From a generator of its own, so the reporting never changes the job itself.
+        reporting, draws = self.reporting, random.Random(f"reporting:{self.seed}")
+        self.startup_busy_ms = int(1000 * draws.uniform(*reporting.startup_busy_s))
+        self._startup_failures = draws.randint(*reporting.startup_trigger_failures)
+        self.started_ms: int | None = None  # the latest (re)start inside the simulation
+        self._polled_since_start = True
+        if self.fresh:
+            self._start(0)
+        elif reporting.checkpoint_ids_from_start:
+            self.next_checkpoint_id = 1 + UPTIME_BEFORE_MS // self.spec.checkpoint_interval_ms
+
+    def _start(self, t_ms: int) -> None:
+        """The job (re)starts running at ``t_ms``: start-up busy time, meters from zero, an empty
+        first poll, checkpoint triggers that fail before every task runs."""
+        self.started_ms = t_ms
+        self._polled_since_start = not self.reporting.first_poll_empty
+        self.failed_total += self._startup_failures if t_ms == 0 else min(1, self._startup_failures)
 
     # --- inputs --------------------------------------------------------------------------------
 
@@ -306,10 +363,13 @@ class JobSimulation:
             return None
         return round(value, digits)
 
-    def _vertex_metrics(self, ts: int, averaged: list[list[SubtaskSample]]) -> Iterator[dict]:
+    def _vertex_metrics(self, ts: int, averaged: list[list[SubtaskSample]] | None) -> Iterator[dict]:
+        """One event per vertex; ``averaged`` None is the empty first poll after a start."""
         for i, v in enumerate(self.spec.vertices):
             subtasks = []
-            for k, s in enumerate(averaged[i]):
+            if averaged is None:
+                subtasks = [{"index": k, **{name: None for name in METRIC_FIELDS}} for k in range(self.parallelism[i])]
+            for k, s in enumerate(averaged[i] if averaged is not None else ()):
                 jitter = lambda x: x * (1.0 + self.rng.gauss(0, 0.02))  # noqa: E731
                 subtasks.append({
                     "index": k,
@@ -415,6 +475,16 @@ class JobSimulation:
         self.num_restarts += 1
         self.restarting_until_ms = t_ms + downtime_ms
         self._history.clear()
+        self._start(t_ms + downtime_ms)
+
+    def _starting_up(self, samples: list[list[SubtaskSample]], t_ms: int) -> list[list[SubtaskSample]]:
+        """While operators start they report busy and process nothing (sources report no busy time)."""
+        if self.started_ms is None or not 0 <= t_ms - self.started_ms < self.startup_busy_ms:
+            return samples
+        return [[SubtaskSample(busy=0.0 if v.source else 1000.0, backpressured=0.0, idle=1000.0 if v.source else 0.0,
+                               records_in=0.0, records_out=0.0, in_pool=s.in_pool, out_pool=s.out_pool,
+                               start_delay_ms=s.start_delay_ms, alignment_ms=s.alignment_ms) for s in row]
+                for v, row in zip(self.spec.vertices, samples)]
 
     def rescale(self, vertex: int, parallelism: int) -> None:
         self.parallelism[vertex] = parallelism
@@ -440,6 +510,7 @@ class JobSimulation:
             tick = self._tick(t)
             running = t >= self.restarting_until_ms
             samples, _, _ = self._sample(tick)
+            samples = self._starting_up(samples, t)
             if running:
                 self._history.append(samples)
                 while len(self._history) > window:
@@ -469,8 +540,12 @@ class JobSimulation:
             if t >= next_poll:
                 if self.rng.random() >= spec.missing_poll_probability:
                     events.append(self._job_status(t, tick))
-                    if running and self._history:
-                        events.extend(self._vertex_metrics(self.start_ts + t, _average(self._history)))
+                    if running and self._history and not self._polled_since_start:
+                        events.extend(self._vertex_metrics(self.start_ts + t, None))
+                        self._polled_since_start = True
+                    elif running and self._history:
+                        ramp = window if self.reporting.meters_ramp_up else None
+                        events.extend(self._vertex_metrics(self.start_ts + t, _average(self._history, ramp)))
                 next_poll += spec.poll_interval_ms
             t += step
         events = [e for e in events if e["ts"] <= self.start_ts + duration_ms]
@@ -478,14 +553,22 @@ class JobSimulation:
         return events
 
 
-def _average(history: deque) -> list[list[SubtaskSample]]:
+RATES = ("records_in", "records_out")
+
+
+def _average(history: deque, meter_window: int | None = None) -> list[list[SubtaskSample]]:
+    """Each subtask's samples averaged over the history; with ``meter_window`` (samples per
+    minute) the rates are Flink's meters: a minute's count over a minute, so they ramp up from
+    zero while the history is shorter than that."""
     latest = history[-1]
     averaged = []
     for i, row in enumerate(latest):
         out = []
         for k in range(len(row)):
             values = [h[i][k] for h in history if i < len(h) and k < len(h[i])]
-            out.append(SubtaskSample(*(sum(getattr(s, f) for s in values) / len(values)
-                                       for f in SubtaskSample.__dataclass_fields__)))
+            out.append(SubtaskSample(*(
+                sum(getattr(s, f) for s in values) / (max(meter_window, len(values)) if meter_window and f in RATES
+                                                      else len(values))
+                for f in SubtaskSample.__dataclass_fields__)))
         averaged.append(out)
     return averaged

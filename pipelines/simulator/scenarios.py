@@ -66,6 +66,9 @@ def _onset(rng: random.Random, duration_ms: int, low: float = 0.15, high: float 
 
 
 STATEFUL = 2  # index of the keyed stateful operator in _pipeline
+# Seed 001's CEP operator: a 30-min pattern window plus up to 15 min of lazy eviction, declared
+# by its operator as the time its state may grow (the leaky twin's operator declares the same).
+CEP_HORIZON_MS = 50 * MINUTE
 
 
 # --- healthy -----------------------------------------------------------------------------------
@@ -76,18 +79,20 @@ def healthy_steady(rng, duration_ms):
 
 def healthy_warmup(rng, duration_ms):
     # A 30-minute window with TTL'd keys: fills for ~45 minutes, then eviction balances arrival.
-    return _pipeline(rng, "session-windows", warmup_ms=rng.randint(35, 55) * MINUTE,
+    warmup = rng.randint(35, 55) * MINUTE
+    return _pipeline(rng, "session-windows", warmup_ms=warmup, warmup_horizon_ms=int(warmup * 1.5),
                      stateful_name="Window(SlidingEventTimeWindows(1800000, 60000))"), []
 
 
 def healthy_window_fill(rng, duration_ms):
-    return _pipeline(rng, "hourly-aggregates", warmup_ms=rng.randint(30, 50) * MINUTE, warmup_shape="window_fill",
-                     stateful_name="Window(TumblingEventTimeWindows(1800000))"), []
+    warmup = rng.randint(30, 50) * MINUTE
+    return _pipeline(rng, "hourly-aggregates", warmup_ms=warmup, warmup_shape="window_fill",
+                     warmup_horizon_ms=warmup + 5 * MINUTE, stateful_name="Window(TumblingEventTimeWindows(1800000))"), []
 
 
 def healthy_cep_key_rotation(rng, duration_ms):
     spec = _pipeline(rng, "cep-scans-fixed", parallelism=2, state_mb=0, load=0.05, checkpoint_interval_ms=60_000,
-                     stateful_name="CEP: scans-sequence (fixed)")
+                     stateful_name="CEP: scans-sequence (fixed)", fresh_start=True, warmup_horizon_ms=CEP_HORIZON_MS)
     return spec, [F.KeyRotationState(vertex=STATEFUL, leaky=False, family=None)]
 
 
@@ -164,7 +169,8 @@ def leak_seed000(rng, duration_ms):
     )
     spec = JobSpec("kinesis-percentiles", vertices, input_rate=6_000, checkpoint_interval_ms=10_000,
                    checkpoint_timeout_ms=600_000, poll_interval_ms=10_000, incremental=False,
-                   max_state_size_bytes=SEED_000_MAX_STATE_BYTES, rate_pattern="steady")
+                   max_state_size_bytes=SEED_000_MAX_STATE_BYTES, rate_pattern="steady",
+                   fresh_start=True)  # the report's checkpoint ids are 1..9
     sizes = tuple(round(mb * MIB) for mb in SEED_000_STATE_MB)
     failure = F.MEMORY_BACKEND_MESSAGE.replace("{limit}", str(SEED_000_MAX_STATE_BYTES))
     return spec, [F.ReplayedCheckpointSizes(onset_ms=0, vertex=1, sizes_bytes=sizes, failure=failure,
@@ -173,7 +179,7 @@ def leak_seed000(rng, duration_ms):
 
 def leak_cep_key_rotation(rng, duration_ms):
     spec = _pipeline(rng, "cep-scans-leaky", parallelism=2, state_mb=0, load=0.05, checkpoint_interval_ms=60_000,
-                     stateful_name="CEP: scans-sequence")
+                     stateful_name="CEP: scans-sequence", fresh_start=True, warmup_horizon_ms=CEP_HORIZON_MS)
     fault = F.KeyRotationState(vertex=STATEFUL, leaky=True,
                                description="seed 001: expired CEP partial matches of retired keys are never removed")
     # The fixed operator's eviction lags by up to cleanup_lag_s, so the curves only part once the
