@@ -136,6 +136,15 @@ def hot_excess(values: Sequence[float | None]) -> float | None:
     return max(0.0, (max(known) / total - 1.0 / n) / (1.0 - 1.0 / n))
 
 
+def _trailing(entries: list, min_points: int, min_span_ms: int) -> list:
+    """The shortest suffix of ``entries`` (``[ts, ...]``, in time order) with at least
+    ``min_points`` entries spanning at least ``min_span_ms``; all of them if none is that long."""
+    for start in range(len(entries) - min_points, -1, -1):
+        if entries[-1][0] - entries[start][0] >= min_span_ms:
+            return entries[start:]
+    return entries
+
+
 def is_flat(points: Sequence[Sequence[float]]) -> bool:
     """A plateau: enough points over a long enough span, all within a narrow band of their mean."""
     values = [p[1] for p in points if p[1] is not None]
@@ -290,9 +299,10 @@ class JobFeatureState:
         if not self.recent or ts - self.recent[-1][0] >= FLAT_MIN_SPAN_MS / 20:
             self.recent.append(entry)
         self.recent = [e for e in self.recent if e[0] >= ts - FLAT_MIN_SPAN_MS * 1.5]
-        # A plateau over the short window, or over the recent buffer when checkpoints come too
-        # often for twelve of them to span FLAT_MIN_SPAN_MS.
-        window = self.completed if ts - self.completed[0][0] >= FLAT_MIN_SPAN_MS else self.recent
+        # A plateau: the latest stretch of at least FLAT_MIN_POINTS checkpoints spanning
+        # FLAT_MIN_SPAN_MS (from the recent buffer when checkpoints come faster than that).
+        source = self.completed if ts - self.completed[0][0] >= FLAT_MIN_SPAN_MS else self.recent
+        window = _trailing(source, FLAT_MIN_POINTS, FLAT_MIN_SPAN_MS)
         if is_flat([[e[0], e[1]] for e in window]):
             self.flat_seen[JOB] = 1.0
         for vid in per_vertex:

@@ -1,11 +1,16 @@
-"""The static-threshold alarms operators use today, as the bar every detector must clear.
+"""The static-threshold alarms operators use today (AWS and Prometheus style), as the bar every
+detector must clear.
 
-* state leak: ``lastCheckpointSize`` above a fixed size;
+* state leak: the checkpoint size keeps growing: nearly every one of the last checkpoints larger
+  than the one before (``deriv(lastCheckpointSize[..]) > 0``), or it is above a fixed size;
 * checkpoint failure: ``RATE(numberOfFailedCheckpoints) > 0`` or ``lastCheckpointDuration``
   above the checkpoint interval;
 * backpressure: ``backPressuredTimeMsPerSecond > 200`` for a minute (the features are one-minute
-  averages already);
+  averages already), on the vertex that reports it;
 * skew: Dhalion's rate-skew ratio (busiest subtask's input rate over the mean) above 1.5.
+
+:class:`StaticAlarm` presents an alarm as a detector whose score is 0 or 1, so the same
+post-rule and incident policy turn it into incidents for a like-for-like comparison.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import pandas as pd
 @dataclass(frozen=True)
 class BaselineThresholds:
     checkpoint_size_bytes: float = 1 << 30
+    growing_fraction: float = 0.9
     backpressured_ratio: float = 0.2
     rate_skew_ratio: float = 1.5
 
@@ -33,7 +39,8 @@ def _column(frame: pd.DataFrame, name: str) -> pd.Series:
 def baseline_decisions(frame: pd.DataFrame, family: str, thresholds: BaselineThresholds = BaselineThresholds()) -> np.ndarray:
     """The static alarm's decision at every row (a missing value never alarms)."""
     if family == "state_leak":
-        fired = _column(frame, "state_size_bytes") > thresholds.checkpoint_size_bytes
+        fired = (_column(frame, "state_size_bytes") > thresholds.checkpoint_size_bytes) | (
+            _column(frame, "state_frac_increasing") >= thresholds.growing_fraction)
     elif family == "checkpoint_failure":
         fired = (_column(frame, "checkpoint_failed_fraction") > 0) | (_column(frame, "checkpoint_duration_over_interval") > 1)
     elif family == "backpressure":
@@ -43,3 +50,21 @@ def baseline_decisions(frame: pd.DataFrame, family: str, thresholds: BaselineThr
     else:
         raise ValueError(f"no static baseline for {family!r}")
     return fired.fillna(False).to_numpy(dtype=bool)
+
+
+@dataclass(frozen=True)
+class _AlarmConfig:
+    family: str
+
+
+class StaticAlarm:
+    """A static alarm with a detector's face: ``score`` is 1.0 where it fires, else 0.0."""
+
+    FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure")
+
+    def __init__(self, family: str, thresholds: BaselineThresholds = BaselineThresholds()):
+        self.config = _AlarmConfig(family)
+        self.thresholds = thresholds
+
+    def score(self, frame: pd.DataFrame) -> np.ndarray:
+        return baseline_decisions(frame, self.config.family, self.thresholds).astype("float64")

@@ -17,21 +17,26 @@ import pandas as pd
 from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
 
 from feature_store.definitions import FEATURES, features_of
+from pipelines.families import FAMILIES, LOCALISED
 
-FEATURE_SET_VERSION = 1  # bump when a family's feature list changes meaning
+FEATURE_SET_VERSION = 2  # bump when a family's feature list changes meaning
 
-CONTEXT = ("job_age_checkpoints", "checkpoint_interval_ms")
+CONTEXT = ("job_age_s", "job_age_checkpoints", "checkpoint_interval_ms")
+# Absolute sizes differ by orders of magnitude between jobs (a lab job's megabytes, a fleet's
+# gigabytes): a detector that splits on them learns the jobs it saw, not the failure.
+ABSOLUTE = ("state_size_bytes", "vertex_state_size_bytes", "state_growth_bytes_per_record", "persisted_inflight_bytes")
 
 # Which rows each family is judged on, and which features it reads.
-FAMILY_LEVEL = {"state_leak": "vertex", "backpressure": "vertex", "skew": "vertex",
-                "checkpoint_failure": "job", "anomaly": "job"}
+FAMILY_LEVEL = {family: "vertex" if family in LOCALISED else "job" for family in FAMILIES}
 
 
 def default_features(family: str) -> tuple[str, ...]:
     if family == "state_leak":
-        return CONTEXT + features_of("state_leak") + ("busy_reported", "state_reported", "limit_known")
+        # No age: how long a job may warm up is the operator's (the post-rule's horizon), not learned.
+        return ("checkpoint_interval_ms",) + _relative(features_of("state_leak")) + (
+            "busy_reported", "state_reported", "limit_known")
     if family == "backpressure":
-        return CONTEXT + features_of("backpressure") + ("busy_reported",) + (
+        return CONTEXT + _relative(features_of("backpressure")) + ("busy_reported",) + (
             "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout")
     if family == "skew":
         return CONTEXT + features_of("skew") + ("busy_max", "start_delay_max_ms")
@@ -40,6 +45,10 @@ def default_features(family: str) -> tuple[str, ...]:
     if family == "anomaly":
         return tuple(f.name for f in FEATURES if f.level == "job")
     raise ValueError(f"unknown family {family!r}")
+
+
+def _relative(names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n for n in names if n not in ABSOLUTE)
 
 
 @dataclass

@@ -1,84 +1,115 @@
-"""How good a family's decisions are, as on-call people feel it.
+"""How good decisions are: per row, and as on-call people feel them, per run.
 
-Row level: precision, recall and F1 of the decisions against the point-in-time labels.
-Incident level, per entity (the job for job-level families, the vertex otherwise):
-*false incidents per job-day* (an incident opening, i.e. a decision switching on, while the
-entity is not in that fault) and *detection delay* after the labelled onset, in seconds and in
-checkpoints, for every fault that was caught; faults never caught count against
-``fault_recall``.
+* Row level: precision, recall and F1 of a family's decisions against the point-in-time labels
+  (for the MLflow log and the static baseline's row-level comparison).
+* Incident level: the rows of labelled runs are scored, decided and turned into incidents by the
+  **same** post-rules and incident policy the live job runs (:func:`replay_incidents` calls
+  :func:`pipelines.detection.policy.step`), and the incidents are judged against the runs'
+  ground truth by :func:`pipelines.detection.report.compare`: faults found (as an incident or a
+  symptom), on the right vertex, delays, false incidents, false families. There is no second
+  implementation of either.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from glob import escape
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+from models.baseline import StaticAlarm
+from models.detectors import rows_for
+from models.registry import LoadedDetector
+from pipelines.detection import policy
+from pipelines.detection.report import Comparison, compare
+from pipelines.detection.scoring import score_rows
+from pipelines.families import EXPLAINED_BY, FAMILIES
+
 DAY_MS = 86_400_000
-ENTITY = ("cluster", "job_id", "vertex_id")
 
 
-def evaluate(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> dict[str, float]:
-    """Metrics of ``decided`` (one per row of ``frame``) for ``family``.
-
-    ``frame`` needs ``cluster, job_id, vertex_id, ts, trigger_kind, label, onset_ts``.
-    """
-    rows = frame.assign(_decided=np.asarray(decided, dtype=bool), _positive=(frame["label"] == family).to_numpy())
-    tp = int((rows._decided & rows._positive).sum())
-    fp = int((rows._decided & ~rows._positive).sum())
-    fn = int((~rows._decided & rows._positive).sum())
-    metrics = {
-        "precision": tp / (tp + fp) if tp + fp else 0.0,
-        "recall": tp / (tp + fn) if tp + fn else 0.0,
-    }
-    p, r = metrics["precision"], metrics["recall"]
-    metrics["f1"] = 2 * p * r / (p + r) if p + r else 0.0
-
-    false_incidents, delays_s, delays_checkpoints, faults = _incidents(rows)
-    job_days = _job_days(rows)
-    metrics["false_incidents_per_job_day"] = false_incidents / job_days if job_days else 0.0
-    metrics["faults"] = float(faults)
-    metrics["fault_recall"] = len(delays_s) / faults if faults else 0.0
-    for name, values in (("delay_s", delays_s), ("delay_checkpoints", delays_checkpoints)):
-        metrics[f"{name}_median"] = float(np.median(values)) if values else float("nan")
-        metrics[f"{name}_p90"] = float(np.percentile(values, 90)) if values else float("nan")
-    return metrics
+def row_metrics(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> dict[str, float]:
+    """Precision, recall and F1 of ``decided`` (one per row of ``frame``) against ``label == family``."""
+    decided = np.asarray(decided, dtype=bool)
+    positive = (frame["label"] == family).to_numpy()
+    tp, fp, fn = int((decided & positive).sum()), int((decided & ~positive).sum()), int((~decided & positive).sum())
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    return {"precision": precision, "recall": recall,
+            "f1": 2 * precision * recall / (precision + recall) if precision + recall else 0.0}
 
 
-def detection_delays(frame: pd.DataFrame, decided: Sequence[bool], family: str) -> list[float]:
-    """Seconds from each caught fault's onset to its first decision (for the delay histogram)."""
-    rows = frame.assign(_decided=np.asarray(decided, dtype=bool), _positive=(frame["label"] == family).to_numpy())
-    return _incidents(rows)[1]
-
-
-def _incidents(rows: pd.DataFrame) -> tuple[int, list[float], list[int], int]:
-    """False incident openings, per-fault delays (s, checkpoints) and the number of faults.
-
-    Vectorised: the calibration calls this for every candidate post-rule.
-    """
-    group = rows.groupby([rows[c].fillna("") for c in ENTITY], sort=False).ngroup().to_numpy()
-    ts = rows["ts"].to_numpy(dtype="int64")
-    order = np.lexsort((ts, group))
-    g, t = group[order], ts[order]
-    decided, positive = rows["_decided"].to_numpy()[order], rows["_positive"].to_numpy()[order]
-    first_of_entity = np.r_[True, g[1:] != g[:-1]] if len(g) else np.zeros(0, dtype=bool)
-    previous = np.r_[False, decided[:-1]] if len(g) else np.zeros(0, dtype=bool)
-    opened = decided & ~(previous & ~first_of_entity)
-    false_incidents = int((opened & ~positive).sum())
-
-    ordered = pd.DataFrame({"g": g, "t": t, "row_onset": rows["onset_ts"].to_numpy()[order],
-                            "checkpoint": (rows["trigger_kind"] == "checkpoint").to_numpy()[order]})
-    onsets = ordered[positive].groupby("g")["row_onset"].first().astype("int64")
-    caught_at = ordered[positive & decided].groupby("g")["t"].first()
-    caught = pd.DataFrame({"onset": onsets}).join(caught_at.rename("at"), how="inner")
-    window = ordered.merge(caught, left_on="g", right_index=True)
-    window = window[(window["t"] >= window["onset"]) & (window["t"] <= window["at"]) & window["checkpoint"]]
-    checkpoints = window.groupby("g").size().reindex(caught.index, fill_value=0)
-    delays_s = ((caught["at"] - caught["onset"]) / 1000.0).tolist()
-    return false_incidents, delays_s, [int(c) for c in checkpoints], len(onsets)
-
-
-def _job_days(rows: pd.DataFrame) -> float:
-    spans = rows.groupby(["cluster", "job_id"])["ts"].agg(lambda ts: ts.max() - ts.min())
+def job_days(frame: pd.DataFrame) -> float:
+    spans = frame.groupby(["cluster", "job_id"])["ts"].agg(lambda ts: ts.max() - ts.min())
     return float(spans.sum()) / DAY_MS
+
+
+def truth_overrides(truths: Sequence[dict]) -> list[policy.JobOverride]:
+    """The operator knowledge a dataset declares per job (the simulator's long warm-ups)."""
+    return [policy.JobOverride(escape(t["job_name"]), warmup_horizon_s=t["warmup_horizon_s"])
+            for t in truths if t.get("warmup_horizon_s")]
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Labelled runs: their feature rows (one frame, every job) and their ground-truth lines."""
+
+    rows: pd.DataFrame
+    truths: list[dict]
+
+    def of(self, source: str | None) -> "Runs":
+        """Only the runs recorded by ``source`` (``lab``, ``simulator``); None: all."""
+        if source is None:
+            return self
+        truths = [t for t in self.truths if t.get("source", "simulator") == source]
+        jobs = {(t["cluster"], t["job_id"]) for t in truths}
+        keep = [(c, j) in jobs for c, j in zip(self.rows["cluster"], self.rows["job_id"])]
+        return Runs(self.rows[np.asarray(keep, dtype=bool)], truths)
+
+    @property
+    def empty(self) -> bool:
+        return not self.truths
+
+
+def replay_incidents(rows: pd.DataFrame, models: Mapping[str, LoadedDetector], settings: policy.PolicySettings,
+                     scores: pd.DataFrame | None = None) -> list[dict]:
+    """The incidents the live job would publish for ``rows`` with ``models`` (and their post-rules)."""
+    rows = rows.reset_index(drop=True)
+    scores = score_rows(rows, models) if scores is None else scores
+    rules = {family: model.post_rule for family, model in models.items()}
+    return policy.step({}, rows, scores, rules, settings)
+
+
+def judge(runs: Runs, models: Mapping[str, LoadedDetector], settings: policy.PolicySettings,
+          scores: pd.DataFrame | None = None) -> Comparison:
+    """Replay ``runs`` through ``models`` and the policy; judge the incidents run by run."""
+    if runs.empty:
+        return Comparison([])
+    return compare(runs.truths, replay_incidents(runs.rows, models, settings.with_overrides(
+        truth_overrides(runs.truths)), scores))
+
+
+def excused_false(comparison: Comparison, family: str) -> int:
+    """False incidents of ``family`` on runs that have one of its causes: judged alone, a family
+    cannot fold a symptom into its cause, so those are left to the full policy to judge."""
+    causes = set(EXPLAINED_BY.get(family, ()))
+    return sum(1 for run in comparison.runs if causes & set(run.expected)
+               for incident in run.false if incident["family"] == family)
+
+
+def static_alarms(families: Sequence[str] = FAMILIES) -> dict[str, LoadedDetector]:
+    """The static-threshold alarms, as models the policy can run (no anomaly alarm exists)."""
+    from models.post_rule import PostRule
+    return {family: LoadedDetector(f"static-{family}", "baseline", "static", StaticAlarm(family),
+                                   PostRule(0.5, 1, 1), {}) for family in families if family in StaticAlarm.FAMILIES}
+
+
+def family_scores(rows: pd.DataFrame, model: LoadedDetector, family: str) -> pd.DataFrame:
+    """The score rows of one family's model over ``rows`` (as :func:`score_rows` makes them)."""
+    return score_rows(rows.reset_index(drop=True), {family: model})
+
+
+def level_rows(rows: pd.DataFrame, level: str) -> pd.DataFrame:
+    return rows_for(rows, level)

@@ -4,19 +4,30 @@ A decision needs the score over a calibrated threshold in at least ``k`` of the 
 ``n`` evaluations (persistence: one noisy point is not an incident). The rule is trained on
 validation scores and saved with the model it belongs to.
 
-A rule may also carry a *warm-up guard* (the leak detector's): while a job is younger than
-``warmup_s`` (checkpoints seen times the checkpoint interval), or younger than
-``steady_growth_warmup_s`` with its state growing in one straight line since it was first seen
-(long-horizon R^2 of at least ``steady_growth_r2``: windows filling, TTLs not expiring yet), or
-at any age while its growth keeps slowing down (deceleration below ``decelerating_below``:
-levelling off), growth is presumed to be warm-up, and a decision also needs a forecast that reaches the job's
-state limit within ``warmup_eta_s``. Healthy state grows too at first; only a limit in sight
-overrides that. Growth that starts after a plateau is not warm-up and is judged at once.
+A rule may carry the leak family's **warm-up guard**. Healthy state grows too after a job starts
+(windows filling, TTLs not expiring yet), and no metric tells such growth from a leak until the
+warm-up is over. How long a job may warm up is the operator's knowledge, not the model's: the
+*warm-up horizon* comes from the config (``detection.warmup_horizon_s``, per job in
+``detection.job_overrides``) with every decision, and overrides anything the rule was trained
+with. While a job is younger than its horizon (since it started or restarted), growth is presumed
+to be warm-up unless
 
-A rule may also require *evidence*: at least one of some feature columns at or above a minimum
+* it resumed after a plateau: the state held flat once, and now makes new highs at least
+  ``resume_over_prior_max`` times the earlier peak (judged at once, whatever the horizon); or
+* the job's state limit is forecast to be reached before the horizon is over (a warm-up that
+  runs into its limit fails its checkpoints all the same).
+
+Growth that keeps slowing down (deceleration below ``decelerating_below``) is levelling off, at
+any age, unless it resumed after a plateau or its limit is that close.
+
+A rule may also require **evidence**: at least one of some feature columns at or above a minimum
 (the checkpoint-failure rule wants a failed checkpoint, a checkpoint near its timeout, a pile-up,
-a restart or a full JobManager heap). A decision nobody could explain from the incident is not
-made.
+a restart or a full JobManager heap; the backpressure rule wants another vertex waiting on this
+one). A decision nobody could explain from the incident is not made.
+
+:meth:`PostRule.decide` (one evaluation, as the live policy calls it) and
+:meth:`PostRule.decisions` (every row of a frame at once, for calibration) share one
+implementation of the persistence count's threshold and of every guard.
 
 >>> rule = PostRule(threshold=0.5, k=2, n=3)
 >>> rule.decide([0.9, 0.1, 0.2]), rule.decide([0.9, 0.1, 0.7])
@@ -25,16 +36,20 @@ made.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
+# Operators' rule of thumb when nothing else is known: a few minutes covers TTLs and windows of
+# that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
+DEFAULT_WARMUP_HORIZON_S = 180.0
 
-GUARD_COLUMNS = ("job_age_checkpoints", "checkpoint_interval_ms", "limit_eta_s", "vertex_state_r2_long", "state_r2_long",
-                 "vertex_state_deceleration", "state_deceleration")
+GUARD_COLUMNS = ("job_age_s", "limit_eta_s", "vertex_state_flat_seen", "state_flat_seen",
+                 "vertex_state_over_prior_max", "state_over_prior_max", "vertex_state_deceleration",
+                 "state_deceleration")
 
 
 @dataclass(frozen=True)
@@ -42,10 +57,8 @@ class PostRule:
     threshold: float = 0.5
     k: int = 1
     n: int = 1
-    warmup_s: float = 0.0
-    warmup_eta_s: float = 3600.0
-    steady_growth_warmup_s: float = 0.0
-    steady_growth_r2: float = 0.9
+    warmup_guard: bool = False
+    resume_over_prior_max: float = 1.1
     decelerating_below: float = 0.8
     evidence: tuple[tuple[str, float], ...] = ()
 
@@ -54,86 +67,129 @@ class PostRule:
             raise ValueError("threshold must be in [0, 1]")
         if not 1 <= self.k <= self.n:
             raise ValueError("need 1 <= k <= n")
-        if self.warmup_s < 0 or self.warmup_eta_s < 0:
-            raise ValueError("warm-up times must be >= 0")
+        if self.resume_over_prior_max < 1.0:
+            raise ValueError("resume_over_prior_max must be >= 1")
 
-    def decide(self, recent_scores: Sequence[float], row: Mapping[str, Any] | None = None) -> bool:
-        """The decision after the last of ``recent_scores`` (oldest first); ``row`` is the feature
-        row of the last one (needed by a warm-up guard)."""
+    # --- one evaluation ---------------------------------------------------------------------------
+
+    def decide(self, recent_scores: Sequence[float], row: Mapping[str, Any] | None = None,
+               horizon_s: float = DEFAULT_WARMUP_HORIZON_S, limit_eta_s: float | None = None) -> bool:
+        """The decision after the last of ``recent_scores`` (oldest first). ``row`` is the feature
+        row of the last one (the guards read it); ``limit_eta_s`` overrides its ``limit_eta_s``
+        when a configured limit gives a forecast."""
         window = list(recent_scores)[-self.n:]
-        held = sum(s >= self.threshold for s in window) >= self.k
-        if not held or row is None:
-            return held
-        if self.evidence and not any(_value(row, column) >= minimum for column, minimum in self.evidence):
-            return False
-        return not self.warmup_s or bool(self._past_warmup(*(_value(row, c) for c in GUARD_COLUMNS)))
+        count = np.array([sum(s >= self.threshold for s in window)])
+        if row is None:
+            return bool(count[0] >= self.k)
+        columns = {name: np.array([_value(row, name)]) for name in self._guard_columns()}
+        if limit_eta_s is not None:
+            columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], [limit_eta_s])
+        return bool(self._decided(count, columns, np.array([horizon_s], dtype="float64"))[0])
 
-    def _past_warmup(self, age_checkpoints, interval_ms, limit_eta_s, vertex_r2_long, job_r2_long,
-                     vertex_deceleration, job_deceleration):
-        """Vectorised: True where the guard lets a decision through (NaN: unknown)."""
-        age_s = np.nan_to_num(np.asarray(age_checkpoints, dtype="float64") * np.asarray(interval_ms, dtype="float64")
-                              / 1000.0, nan=0.0)  # an unknown age or interval counts as young
-        r2 = _vertex_else_job(vertex_r2_long, job_r2_long)
-        steady_growth = np.nan_to_num(r2, nan=0.0) >= self.steady_growth_r2
-        # Unknown deceleration: the earlier half was flat, so this growth began after a plateau.
-        decelerating = np.nan_to_num(_vertex_else_job(vertex_deceleration, job_deceleration), nan=np.inf) \
-            < self.decelerating_below
-        young = (age_s < self.warmup_s) | (steady_growth & (age_s < self.steady_growth_warmup_s))
-        # Growth that keeps slowing down is levelling off at any age (a leak does not decelerate).
-        young |= decelerating
-        limit_in_sight = np.nan_to_num(np.asarray(limit_eta_s, dtype="float64"), nan=np.inf) <= self.warmup_eta_s
-        return ~young | limit_in_sight
+    # --- every row of a frame ---------------------------------------------------------------------
 
     def decisions(self, frame: pd.DataFrame, score: str = "score",
-                  entity: Sequence[str] = ("cluster", "job_id", "vertex_id"), ts: str = "ts") -> pd.Series:
-        """The decision at every row, each entity's rows taken in time order."""
-        group = frame.groupby([frame[c].fillna("") for c in entity], sort=False).ngroup().to_numpy()
-        order = np.lexsort((frame[ts].to_numpy(), group))
-        over = (frame[score].to_numpy()[order] >= self.threshold).astype(np.int64)
+                  entity: Sequence[str] = ("cluster", "job_id", "vertex_id"), ts: str = "ts",
+                  horizon_s: float | np.ndarray | pd.Series = DEFAULT_WARMUP_HORIZON_S,
+                  history: Mapping[tuple, Sequence[float]] | None = None) -> pd.Series:
+        """The decision at every row, each entity's rows taken in time order.
+
+        ``horizon_s`` is one value or one per row; ``history`` maps an entity (a tuple of its
+        ``entity`` values, None as "") to the scores it had before these rows (oldest first), so
+        a batch continues the persistence count where the previous one left it.
+        """
+        keys = [frame[c].fillna("") for c in entity]
+        scores = frame[score].to_numpy(dtype="float64")
+        times = frame[ts].to_numpy(dtype="float64")
+        n_rows = len(frame)
+        if history:
+            past = [(key, value) for key, values in history.items() for value in list(values)[-self.n:]]
+            keys = [pd.concat([k, pd.Series([key[i] for key, _ in past], dtype=object)], ignore_index=True)
+                    for i, k in enumerate(keys)]
+            scores = np.r_[scores, [value for _, value in past]]
+            # Earlier than any row, in their own order.
+            times = np.r_[times, -1e18 + np.arange(len(past), dtype="float64")]
+        group = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(keys) > 1 else keys[0].factorize()[0]
+        order = np.lexsort((times, group))
+        over = (scores[order] >= self.threshold).astype(np.int64)
         g = group[order]
         # Rolling count of the last n per entity: prefix sums, each window clipped at its entity's start.
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, dtype=np.int64)
         entity_start = starts[np.searchsorted(starts, np.arange(len(g)), side="right") - 1] if len(g) else starts
         prefix = np.r_[0, np.cumsum(over)]
         i = np.arange(len(g))
-        counts = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
-        decided = np.empty(len(g), dtype=bool)
-        decided[order] = counts >= self.k
-        if self.warmup_s:
-            decided &= self._past_warmup(*(frame[c] if c in frame else np.nan for c in GUARD_COLUMNS))
+        counts = np.empty(len(g), dtype=np.int64)
+        counts[order] = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
+        columns = {name: (frame[name].to_numpy(dtype="float64") if name in frame else np.full(n_rows, np.nan))
+                   for name in self._guard_columns()}
+        horizon = np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (n_rows,))
+        return pd.Series(self._decided(counts[:n_rows], columns, horizon), index=frame.index)
+
+    # --- the one implementation -------------------------------------------------------------------
+
+    def _guard_columns(self) -> tuple[str, ...]:
+        return (GUARD_COLUMNS if self.warmup_guard else ()) + tuple(c for c, _ in self.evidence)
+
+    def _decided(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
+        decided = counts >= self.k
         if self.evidence:
-            shown = np.zeros(len(frame), dtype=bool)
+            shown = np.zeros(len(counts), dtype=bool)
             for column, minimum in self.evidence:
-                shown |= np.nan_to_num(frame[column].to_numpy(dtype="float64"), nan=-np.inf) >= minimum
+                shown |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
             decided &= shown
-        return pd.Series(decided, index=frame.index)
+        if self.warmup_guard:
+            decided &= self._past_warmup(columns, horizon_s)
+        return decided
+
+    def past_warmup(self, frame: pd.DataFrame, horizon_s: float | np.ndarray) -> np.ndarray:
+        """Where the warm-up guard leaves the decision to the score, at every row of ``frame``."""
+        columns = {name: (frame[name].to_numpy(dtype="float64") if name in frame else np.full(len(frame), np.nan))
+                   for name in GUARD_COLUMNS}
+        return self._past_warmup(columns, np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (len(frame),)))
+
+    def _past_warmup(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
+        """True where the warm-up guard lets a decision through (NaN: unknown)."""
+        age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
+        young = age < horizon_s
+        flat_seen = np.nan_to_num(_vertex_else_job(c["vertex_state_flat_seen"], c["state_flat_seen"]), nan=0.0) >= 1
+        over_peak = np.nan_to_num(_vertex_else_job(c["vertex_state_over_prior_max"], c["state_over_prior_max"]), nan=0.0)
+        resumed = flat_seen & (over_peak >= self.resume_over_prior_max)
+        decelerating = np.nan_to_num(_vertex_else_job(c["vertex_state_deceleration"], c["state_deceleration"]),
+                                     nan=np.inf) < self.decelerating_below
+        eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
+        limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
+        return (((~young) | resumed) & ~(decelerating & ~resumed)) | limit_soon
+
+    # --- persistence ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "evidence": [list(e) for e in self.evidence]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PostRule":
-        return cls(**{**d, "evidence": tuple(tuple(e) for e in d.get("evidence", ()))})
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        if "warmup_s" in d:  # a rule saved before the horizon moved to the config
+            values["warmup_guard"] = bool(d["warmup_s"])
+        return cls(**{**values, "evidence": tuple(tuple(e) for e in d.get("evidence", ()))})
 
-
+    # --- calibration ------------------------------------------------------------------------------
 
     @classmethod
-    def search(cls, frame: pd.DataFrame, quality: Callable[[np.ndarray], tuple], score: str = "score",
+    def search(cls, frame: pd.DataFrame, quality: Callable[["PostRule"], tuple], score: str = "score",
                persistence: Sequence[tuple[int, int]] = ((1, 1), (2, 3), (3, 4), (4, 6)),
-               thresholds: Sequence[float] | None = None,
-               entity: Sequence[str] = ("cluster", "job_id", "vertex_id"),
-               guards: Mapping[str, Any] | None = None) -> "PostRule":
-        """The rule whose decisions on ``frame`` have the best ``quality`` (a sortable key).
+               thresholds: Sequence[float] | None = None, guards: Mapping[str, Any] | None = None) -> "PostRule":
+        """The rule with the best ``quality`` (a sortable key of the candidate rule).
 
         Ties go to the more conservative rule (higher threshold, then more persistence).
-        ``guards`` are the fixed warm-up guard and evidence fields every candidate carries.
+        ``guards`` are the fixed guard and evidence fields every candidate carries.
         """
         grid = thresholds if thresholds is not None else np.round(np.linspace(0.05, 0.95, 19), 2)
         guards = dict(guards or {})
         best: tuple | None = None
         for t, (k, n) in product(grid, persistence):
             rule = cls(float(t), k, n, **guards)
-            key = (quality(rule.decisions(frame, score, entity).to_numpy(dtype=bool)), float(t), n - k + 1)
+            key = (quality(rule), float(t), n - k + 1)
             if best is None or key > best[0]:
                 best = (key, rule)
         return best[1]
@@ -145,7 +201,8 @@ class PostRule:
         if not y.any():
             raise ValueError("calibration needs positive rows")
 
-        def f1(decided: np.ndarray) -> float:
+        def f1(rule: "PostRule") -> float:
+            decided = rule.decisions(frame, score).to_numpy(dtype=bool)
             tp = int((decided & y).sum())
             return 2 * tp / (2 * tp + int((decided & ~y).sum()) + int((~decided & y).sum())) if tp else 0.0
 

@@ -74,6 +74,14 @@ def _cmd_simulate(config: SentinelConfig, args: argparse.Namespace) -> int:
             duration = f"{scenario.default_duration_ms // 60_000} min"
             print(f"{name:<28} {scenario.family or 'healthy':<19} {duration:>8}  {scenario.description}")
         return 0
+    if args.calibration_report:
+        from pipelines.simulator.calibration import report
+
+        out = Path(args.calibration_report)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report(Path(config.lab.corpus_dir)))
+        print(f"calibration report: {out}")
+        return 0
     duration = simulator.parse_duration(args.duration) if args.duration else None
     names = args.scenario or list(CATALOGUE)
     if args.dataset:
@@ -133,7 +141,8 @@ def _cmd_features(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list:
-    """The --dataset folders, or a simulated dataset under the state folder (made once per seed)."""
+    """The --dataset folders; without them, a simulated dataset under the state folder (made once
+    per seed) and the real-Flink corpus (``lab.corpus_dir``) when it is there."""
     from pathlib import Path
 
     from pipelines import simulator
@@ -147,6 +156,11 @@ def _training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list
               f"{args.jobs_per_scenario} jobs each)", flush=True)
         simulator.write_dataset(generated, list(simulator.CATALOGUE), args.jobs_per_scenario, args.seed,
                                 simulator.parse_duration(args.duration))
+    corpus = Path(config.lab.corpus_dir)
+    if (corpus / "manifest.json").is_file():
+        print(f"training on {generated} and the real-Flink corpus {corpus}", flush=True)
+        return [generated, corpus]
+    print(f"training on {generated} (no real-Flink corpus at {corpus})", flush=True)
     return [generated]
 
 
@@ -230,6 +244,24 @@ def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipelines.detection.backtest import evaluate_dataset, write_report
+    from pipelines.spark_session import build_spark
+
+    dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
+    cache = _require_champions(config)
+    spark = build_spark(config, "evaluate")
+    evaluation = evaluate_dataset(spark, config, dataset, args.split, cache.models)
+    for line in evaluation.run_lines() + [""] + evaluation.family_lines():
+        print(line)
+    out = Path(args.report) if args.report else Path(config.state_dir) / "reports" / f"evaluate-{dataset.name}-{args.split}"
+    index = write_report(evaluation, out, f"sentinel evaluate: {dataset} ({args.split})")
+    print(f"\nreport with a plot per run: {index}")
+    return 0
+
+
 def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pipelines.detection.incident_view import HEADER, follow, format_incident
 
@@ -308,13 +340,33 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines import lab
+    from pipelines.lab.corpus import GRIDS
+    from pipelines.lab.scenarios import NAMED
 
+    if args.grid:
+        if args.grid not in GRIDS:
+            raise UsageError(f"unknown grid {args.grid!r}; choose from {', '.join(GRIDS)}")
+        variants = GRIDS[args.grid](args.only)
+        dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
+        if args.list:
+            done = lab.recorded_runs(dataset)
+            for v in variants:
+                print(f"{v.run_id:<58} {v.split:<10} {v.family:<19} {v.duration_s:>4}s "
+                      f"{'recorded' if v.run_id in done else ''}")
+            return 0
+        runs = lab.run_grid(config, variants, dataset, concurrency=args.concurrency,
+                            publish_to_kafka=args.kafka)
+        print(f"grid {args.grid}: {len(runs)} runs recorded in {dataset}")
+        return 0
     if args.list:
-        for item in lab.SCENARIOS.values():
-            print(f"{item.name:<20} {item.family or 'healthy':<19} {item.description}")
+        for name, named in NAMED.items():
+            variant = named.variant(240)
+            print(f"{name:<26} {variant.family:<19} {variant.description}")
         return 0
     if not args.scenario:
-        raise UsageError("name a scenario (`sentinel lab --list` shows them)")
+        raise UsageError("name a scenario (`sentinel lab --list` shows them) or a grid (--grid corpus)")
+    if args.scenario not in NAMED:
+        raise UsageError(f"unknown lab scenario {args.scenario!r}; `sentinel lab --list` shows them")
     run = lab.run_lab(config, args.scenario, duration=args.duration, split=args.split,
                       dataset=Path(args.dataset) if args.dataset else None, publish_to_kafka=not args.no_kafka,
                       keep_cluster=args.keep_cluster)
@@ -354,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--truth", metavar="FILE", help="where to write the ground truth (JSON lines)")
     simulate.add_argument("--fleet", type=int, metavar="N", help="N concurrent jobs drawn from the scenario mix")
     simulate.add_argument("--jobs-per-scenario", type=int, default=5, help="with --dataset (default 5)")
+    simulate.add_argument("--calibration-report", metavar="FILE.md",
+                          help="compare the simulator's features with the real-Flink corpus (lab.corpus_dir), before "
+                               "and after its calibration, and write the report")
     simulate.set_defaults(handler=_cmd_simulate)
 
     features = commands.add_parser("features", help="the feature definitions and the offline store")
@@ -368,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = commands.add_parser("train", help="retrain the detectors; promote through the champion/challenger gate")
     train.add_argument("--dataset", action="append", metavar="DIR",
-                       help="labelled dataset folder (repeatable); default: a simulated one under the state folder")
+                       help="labelled dataset folder (repeatable); default: a simulated one under the state folder "
+                            "and the real-Flink corpus (lab.corpus_dir)")
     train.add_argument("--family", action="append", choices=["state_leak", "backpressure", "skew",
                                                              "checkpoint_failure", "anomaly"])
     train.add_argument("--dry-run", action="store_true", help="show the gate's decision; register nothing, move no alias")
@@ -376,6 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--jobs-per-scenario", type=int, default=3, help="for a generated dataset (default 3)")
     train.add_argument("--duration", default="90m", help="event time per generated job, at most (default 90m)")
     train.set_defaults(handler=_cmd_train)
+
+    evaluate = commands.add_parser("evaluate", help="replay labelled runs with the champions and the static alarms; "
+                                                   "judge every run and write a report with plots")
+    evaluate.add_argument("--dataset", metavar="DIR", help="dataset folder (default: the real-Flink corpus, "
+                                                           "lab.corpus_dir)")
+    evaluate.add_argument("--split", default="test", choices=["train", "validation", "test"], help="default test")
+    evaluate.add_argument("--report", metavar="DIR", help="report folder (default <state_dir>/reports/...)")
+    evaluate.set_defaults(handler=_cmd_evaluate)
 
     run = commands.add_parser("run", help="the detection job: input topic -> features -> models -> incident topic")
     run.add_argument("--available-now", action="store_true",
@@ -416,16 +480,22 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--once", action="store_true", help="poll every cluster once, then exit (cron-style)")
     collect.set_defaults(handler=_cmd_collect, cluster_default="flink")
 
-    lab_command = commands.add_parser("lab", help="run a real Flink job that fails in a known way; record it")
-    lab_command.add_argument("scenario", nargs="?", help="leak, healthy_ttl, warmup, backpressure, skew or "
-                                                         "checkpoint_timeout")
-    lab_command.add_argument("--list", action="store_true", help="show the lab scenarios")
+    lab_command = commands.add_parser("lab", help="run real Flink jobs that fail in known ways; record them")
+    lab_command.add_argument("scenario", nargs="?", help="a named scenario (`sentinel lab --list`)")
+    lab_command.add_argument("--list", action="store_true", help="show the named scenarios, or with --grid its variants")
     lab_command.add_argument("--duration", default="4m", help="how long the job runs (default 4m)")
     lab_command.add_argument("--split", default="test", choices=["train", "validation", "test"],
                              help="dataset split the run is recorded in (default test)")
-    lab_command.add_argument("--dataset", metavar="DIR", help="dataset folder (default <state_dir>/lab/dataset)")
+    lab_command.add_argument("--dataset", metavar="DIR", help="dataset folder (default <state_dir>/lab/dataset; "
+                                                              "with --grid, lab.corpus_dir)")
     lab_command.add_argument("--no-kafka", action="store_true", help="only record; do not publish to the input topic")
     lab_command.add_argument("--keep-cluster", action="store_true", help="leave the Flink cluster running afterwards")
+    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus) not yet in the "
+                                                            "dataset folder; resumable")
+    lab_command.add_argument("--only", metavar="GLOB", help="with --grid: only the variants whose run id matches")
+    lab_command.add_argument("--concurrency", type=int, default=3, help="with --grid: jobs running side by side "
+                                                                        "(default 3)")
+    lab_command.add_argument("--kafka", action="store_true", help="with --grid: also publish to the input topic")
     lab_command.set_defaults(handler=_cmd_lab)
     return parser
 

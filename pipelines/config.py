@@ -25,6 +25,8 @@ ENV_PREFIX = "SENTINEL_"
 # Variables with the prefix that are not key paths.
 ENV_RESERVED = {"SENTINEL_CONFIG"}
 DEFAULT_CONFIG_FILE = "sentinel.yaml"
+# The checkout the package runs from (an editable install): where the committed corpus lives.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ConfigError(ValueError):
@@ -139,8 +141,19 @@ class FeaturesConfig(_Strict):
         return int(self.idle_timeout_s * 1000)
 
 
+class JobOverride(_Strict):
+    """What the operator knows about some jobs; the first entry whose glob matches the job name wins."""
+
+    job_name: str = Field(..., min_length=1, description="A glob on the Flink job name, e.g. 'sessions-*'.")
+    warmup_horizon_s: float | None = Field(None, gt=0, description="How long after a (re)start this job's state "
+                                                                   "may grow healthily (its longest window or TTL).")
+    state_limit_bytes: int | None = Field(None, ge=1, description="A hard limit for this job's state, for forecasts.")
+    mute: list[Literal["state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly"]] = Field(
+        default_factory=list, description="Families that never open an incident for these jobs.")
+
+
 class DetectionConfig(_Strict):
-    """The live job's scoring and incident policy (`sentinel run`, `sentinel replay`)."""
+    """The live job's scoring and incident policy (`sentinel run`, `sentinel replay`, `sentinel evaluate`)."""
 
     model_refresh_s: float = Field(60.0, gt=0, description="How often the job re-reads the model aliases.")
     resolve_after_s: float = Field(600.0, ge=0, description="Event time a condition must stay clear before "
@@ -150,6 +163,12 @@ class DetectionConfig(_Strict):
     critical_eta_s: float = Field(3600.0, gt=0, description="A leak reaching its limit sooner is critical.")
     state_limit_bytes: int | None = Field(None, ge=1, description="Limit for forecasts when a job reports none "
                                                                   "(max_state_size_bytes wins).")
+    warmup_horizon_s: float = Field(180.0, gt=0, description="How long after a job starts or restarts its state may "
+                                                            "grow healthily; steady growth beyond it is a leak even "
+                                                            "with no limit in sight (growth after a plateau is "
+                                                            "judged at once).")
+    job_overrides: list[JobOverride] = Field(default_factory=list, description="Per-job warm-up horizon, state "
+                                                                               "limit and muted families.")
     max_future_s: float = Field(300.0, gt=0, description="Events further in the future than this are rejected.")
     gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
@@ -206,11 +225,15 @@ class LabConfig(_Strict):
                                                               "(its dependencies clash with the main one).")
     rest_port: int = Field(18081, ge=1, le=65535)
     rpc_port: int = Field(16123, ge=1, le=65535)
-    taskmanager_slots: int = Field(4, ge=2)
+    taskmanager_slots: int = Field(8, ge=2, description="Slots of the lab's TaskManager: a grid runs jobs side "
+                                                         "by side while their parallelism fits.")
     jobmanager_memory: str = "1024m"
-    taskmanager_memory: str = "1728m"
+    taskmanager_memory: str = "4096m"
     startup_timeout_s: float = Field(90.0, gt=0)
     datasets_dir: Path | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
+    corpus_dir: Path | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
+                                                      "`sentinel lab --grid` records into it, `sentinel train` "
+                                                      "trains on it.")
 
 
 class SentinelConfig(_Strict):
@@ -237,6 +260,7 @@ class SentinelConfig(_Strict):
         cfg.collector.state_dir = _absolute(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
         cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv, base_dir)
         cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
+        cfg.lab.corpus_dir = _absolute(cfg.lab.corpus_dir or PROJECT_ROOT / "data" / "lab", base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"
         cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
         if cfg.mlflow.tracking_uri is None:

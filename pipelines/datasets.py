@@ -78,3 +78,28 @@ def read_truths(paths: Iterable[Path]) -> list[dict]:
 def load_manifest(dataset: Path) -> dict:
     path = Path(dataset) / "manifest.json"
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def subset(dataset: Path, runs: Sequence[str], destination: Path) -> Path:
+    """A dataset of only the named runs (a lab run id or a job name), each in its own split."""
+    wanted = set(runs)
+    found: set[str] = set()
+    manifest = {"format": "checkpoint-sentinel dataset v1", "source": f"subset of {Path(dataset).name}", "splits": {}}
+    for split in SPLITS:
+        path = events_path(dataset, split)
+        if path is None:
+            continue
+        truths = [t for t in read_jsonl(Path(dataset) / split / "ground_truth.jsonl")
+                  if (t.get("run_id") or t["job_name"]) in wanted]
+        if not truths:
+            continue
+        jobs = {t["job_id"] for t in truths}
+        found |= {t.get("run_id") or t["job_name"] for t in truths}
+        count = write_jsonl(Path(destination) / split / path.name, (e for e in read_jsonl(path) if e["job_id"] in jobs))
+        write_jsonl(Path(destination) / split / "ground_truth.jsonl", truths)
+        manifest["splits"][split] = {"jobs": len(truths), "events": count, "job_ids": sorted(jobs)}
+    missing = wanted - found
+    if missing:
+        raise ValueError(f"{dataset} has no run {', '.join(sorted(missing))}")
+    (Path(destination) / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return Path(destination)

@@ -23,6 +23,7 @@ from pipelines.config import SentinelConfig, TopicsConfig, load_config  # noqa: 
 from pipelines.io import kafka_clients  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LAB_CORPUS = PROJECT_ROOT / "data" / "lab"  # the committed real-Flink corpus
 
 
 def config_for(state_dir: Path, **env: str) -> SentinelConfig:
@@ -92,21 +93,28 @@ TRAINING_GRID = {"learning_rate": (0.1,), "max_depth": (4,)}
 
 
 @pytest.fixture(scope="session")
-def trained_store(tmp_path_factory, spark):
+def trained_datasets(tmp_path_factory) -> list[Path]:
+    """What `sentinel train` trains on by default: a simulated dataset and the real-Flink corpus."""
+    from pipelines import simulator
+
+    root = tmp_path_factory.mktemp("datasets")
+    simulator.write_dataset(root / "simulated", list(simulator.CATALOGUE), jobs_per_scenario=3, seed=5,
+                            duration_ms=90 * 60_000)
+    return [root / "simulated", LAB_CORPUS]
+
+
+@pytest.fixture(scope="session")
+def trained_store(tmp_path_factory, spark, trained_datasets):
     """The config of an MLflow store whose five detectors have ``champion`` aliases.
 
-    Trained once per session by the project's own workflow (simulated dataset, offline store,
-    GX validation, MLflow registration, the gate); tests never move its aliases.
+    Trained once per session by the project's own workflow (simulated and real-Flink datasets,
+    offline store, GX validation, MLflow registration, the gate); tests never move its aliases.
     """
     from models import registry
     from models.training import run_training
-    from pipelines import simulator
 
-    root = tmp_path_factory.mktemp("trained")
-    simulator.write_dataset(root / "dataset", list(simulator.CATALOGUE), jobs_per_scenario=3, seed=5,
-                            duration_ms=90 * 60_000)
-    config = config_for(root / "state")
-    outcomes = run_training(spark, config, [root / "dataset"], grid=TRAINING_GRID, progress=lambda _: None)
+    config = config_for(tmp_path_factory.mktemp("trained") / "state")
+    outcomes = run_training(spark, config, trained_datasets, grid=TRAINING_GRID, progress=lambda _: None)
     registry.use_config(config)
     for outcome in outcomes:
         # The gate is tested elsewhere; here every family needs a champion to score with.

@@ -31,9 +31,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from pipelines.families import FAMILIES
+
 SCHEMA_VERSION = 1
 EVENT_KINDS = ("checkpoint", "vertex_metrics", "job_status")
-INCIDENT_FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly")
+INCIDENT_FAMILIES = FAMILIES
 INCIDENT_EVENTS = ("opened", "updated", "resolved")
 SEVERITIES = ("info", "warning", "critical")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipelines import simulator
 from pipelines.config import SentinelConfig
+from pipelines.detection.backtest import config_with_truth_overrides
 from pipelines.detection.incident_view import HEADER, format_incident
 from pipelines.detection.job import DETECTION_QUERY, start_detection
 from pipelines.detection.report import compare
@@ -54,8 +55,13 @@ def run_demo(config: SentinelConfig, fleet: int = 24, seed: int = 0, duration: s
     out(f"\nfleet: {len(jobs)} simulated jobs ({sum(1 for j in jobs if j.truth['faults'])} with faults), "
         f"{len(events)} events over {duration_ms / 60000:.0f} min of event time, published at {speed:g}x")
 
-    # The job reads from the current end of the topic, on a checkpoint of its own.
-    demo_config = config.model_copy(deep=True)
+    # The job reads from the current end of the topic, on a checkpoint of its own. The fleet's
+    # operators know which of their jobs warm up for long (windows of half an hour, CEP
+    # patterns): that knowledge is the demo's job overrides.
+    demo_config = config_with_truth_overrides(config, [j.truth for j in jobs]).model_copy(deep=True)
+    for override in demo_config.detection.job_overrides[:len(demo_config.detection.job_overrides)
+                                                        - len(config.detection.job_overrides)]:
+        out(f"  operator knowledge: {override.job_name} warms up for {override.warmup_horizon_s / 60:.0f} min")
     demo_config.spark.checkpoint_location = Path(config.state_dir) / "demo" / run_id / "checkpoints"
     demo_config.kafka.starting_offsets = json.dumps(
         {str(p): o for p, o in _end_offsets(config, config.topics.input).items()})

@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import numpy as np
+import pandas as pd
+
 from feature_store.definitions import FEATURES
 from models.detectors import default_features
 
@@ -48,14 +51,28 @@ def leak_forecast(row: Mapping[str, Any], configured_limit: int | None) -> dict 
         # The ratio is the largest subtask's state over the limit.
         return {"metric": "largest_subtask_state_bytes", "limit_source": "job", "limit_ratio": round(limit_ratio, 4),
                 "eta_ms": int(eta_s * 1000)}
-    size = _num(row, "vertex_state_size_bytes") or _num(row, "state_size_bytes")
-    slope = _num(row, "vertex_state_rel_slope_per_h") or _num(row, "state_rel_slope_per_h")
-    if configured_limit and size and slope and slope > 0:
-        growth_per_s = slope * size / 3600.0
-        eta = max(0.0, (configured_limit - size) / growth_per_s)
-        return {"metric": "state_size_bytes", "limit_source": "config", "limit": configured_limit,
-                "eta_ms": int(eta * 1000)}
+    if configured_limit:
+        eta = float(configured_limit_eta_s(pd.DataFrame([row]), np.array([configured_limit], dtype="float64"))[0])
+        if not math.isnan(eta):
+            return {"metric": "state_size_bytes", "limit_source": "config", "limit": configured_limit,
+                    "eta_ms": int(eta * 1000)}
     return None
+
+
+def configured_limit_eta_s(rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray:
+    """Seconds until each row's state reaches its configured limit at its relative slope (the
+    vertex's where known, else the job's); NaN without a limit or growth."""
+    def column(name: str) -> np.ndarray:
+        return rows[name].to_numpy(dtype="float64") if name in rows else np.full(len(rows), np.nan)
+
+    size = np.where(np.isnan(column("vertex_state_size_bytes")), column("state_size_bytes"),
+                    column("vertex_state_size_bytes"))
+    slope = np.where(np.isnan(column("vertex_state_rel_slope_per_h")), column("state_rel_slope_per_h"),
+                     column("vertex_state_rel_slope_per_h"))
+    growth_per_s = slope * size / 3600.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        eta = np.maximum(0.0, (limits - size) / growth_per_s)
+    return np.where((growth_per_s > 0) & (size > 0) & ~np.isnan(limits), eta, np.nan)
 
 
 def severity(family: str, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:

@@ -15,6 +15,7 @@ incident ids; the feature log file of a batch is named by its id and overwritten
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -266,6 +267,7 @@ class ReplayResult:
     events: int
     dead_letters: list[dict]
     incidents: list[dict]
+    rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # the feature rows the policy judged
 
 
 def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Path],
@@ -275,7 +277,7 @@ def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Pa
     lines, letters = [], []
     far_future = 2**62  # a recording is judged by its own clock, not today's
     for path in paths:
-        with open(path, "rb") as handle:
+        with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as handle:
             for number, raw in enumerate(handle):
                 raw = raw.rstrip(b"\r\n")
                 if not raw.strip():
@@ -290,8 +292,9 @@ def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Pa
                 else:
                     lines.append(raw.decode("utf-8"))
     processor = BatchProcessor(config, lambda: models, IncidentSink())
+    rows = pd.DataFrame()
     if lines:
         events = spark.createDataFrame(pd.DataFrame({"value": lines}), "value string")
         rows = batch_features(event_frame(events), config.features.idle_timeout_ms).toPandas()
         processor.sink.publish(processor.process_rows(rows, 0))
-    return ReplayResult(len(lines), letters, processor.sink.collected)
+    return ReplayResult(len(lines), letters, processor.sink.collected, rows)

@@ -2,44 +2,69 @@
 
 One open incident per (job, family, vertex). Per entity, in event-time order:
 
-* ``opened`` when the family's post-rule holds (K of the last N scores over its threshold);
+* ``opened`` when the family's post-rule holds (K of the last N scores over its threshold, and
+  its guards, with the job's warm-up horizon and state limit from the operator's settings);
 * ``updated`` when, while open, the severity rises (or has stayed lower for ``resolve_after_s``),
-  or the forecast ETA moves by more than ``eta_change_ratio`` (and at least a minute);
+  the forecast ETA moves by more than ``eta_change_ratio`` (and at least a minute), or a symptom
+  joins it;
 * ``resolved`` once the rule has not held for ``resolve_after_s`` of event time, or at once when
   the job reaches a terminal state (finished, cancelled, failed).
 
-Anomalies are what no family explains: the novelty detector's decision opens an incident only
-while no supervised family holds for that job. Likewise slow or failing checkpoints caused by a
-leak (seed 000), backpressure or skew (barrier alignment waiting on the hot subtask) are a
-symptom: while such an incident is open on the job, they are not an incident of their own, and
-a symptom incident opened before its cause was recognised is resolved when the cause's opens. The incident id hashes the entity and the event
-time it opened, so re-running a micro-batch from the same state re-sends the same ids, and a
-replay of the same events gives the same incidents as the live job.
+Causes and symptoms (``pipelines/families.py``): failing checkpoints behind a leak, backpressure
+or a hot key, and backpressure behind a hot key on the same vertex, are the cause's *symptoms*.
+While the cause's incident is open, a symptom's decision is not an incident of its own: it joins
+the cause's incident (``symptoms: [{family, first_at, evidence}]``, an ``updated`` event) and the
+incident's severity follows the worst of them. A symptom incident opened before its cause was
+recognised is resolved into the cause's incident when that opens. Anomalies are what no family
+explains: they open only while no cause has an incident open on the job.
 
-The whole state is a JSON-able dict; :func:`step` returns the events and mutates the state.
+Operator knowledge (``detection.job_overrides``, first glob match on the job name wins) sets a
+job's warm-up horizon and state limit, and mutes families; it overrides what a post-rule learned.
+
+The incident id hashes the entity and the event time it opened, so re-running a micro-batch from
+the same state re-sends the same ids, and a replay of the same events gives the same incidents as
+the live job. The whole state is a JSON-able dict; :func:`step` returns the events and mutates it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 
-from models.post_rule import PostRule
+from models.post_rule import DEFAULT_WARMUP_HORIZON_S, PostRule
 from pipelines.detection import evidence as ev
+from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, SAME_VERTEX,
+                                STATE_LEAK)
 
 SCHEMA_VERSION = 1
 TERMINAL_STATES = ("FINISHED", "CANCELED", "FAILED")
-FAMILY_ORDER = ("state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly")
-ROOT_CAUSES = ("state_leak", "backpressure", "skew", "checkpoint_failure")
-# A family's decision is folded into an incident of these (its cause) on the same job.
-EXPLAINED_BY = {"checkpoint_failure": ("state_leak", "backpressure", "skew"), "anomaly": ROOT_CAUSES}
 RECENT_VALUES = 6  # raw values kept per entity for the evidence
 RECENT_COLUMNS = {"state_leak": "vertex_state_size_bytes", "checkpoint_failure": "checkpoint_failed_fraction",
                   "backpressure": "busy_max", "skew": "records_in_max_over_mean"}
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class JobOverride:
+    """What the operator knows about the jobs whose name matches ``job_name`` (a glob)."""
+
+    job_name: str
+    warmup_horizon_s: float | None = None
+    state_limit_bytes: int | None = None
+    mute: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    warmup_horizon_s: float
+    state_limit_bytes: int | None
+    mute: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -49,12 +74,42 @@ class PolicySettings:
     critical_eta_s: float = 3600.0
     state_limit_bytes: int | None = None
     forget_after_ms: int = 1_800_000  # a job silent this long, with nothing open, leaves the state
+    warmup_horizon_s: float = DEFAULT_WARMUP_HORIZON_S
+    job_overrides: tuple[JobOverride, ...] = field(default=())
+    _resolved: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # job name -> JobSettings
 
     @classmethod
     def from_config(cls, config) -> "PolicySettings":
         detection = config.detection
+        overrides = tuple(JobOverride(o.job_name, o.warmup_horizon_s, o.state_limit_bytes, tuple(o.mute))
+                          for o in detection.job_overrides)
         return cls(int(detection.resolve_after_s * 1000), detection.eta_change_ratio, detection.critical_eta_s,
-                   detection.state_limit_bytes, config.features.idle_timeout_ms)
+                   detection.state_limit_bytes, config.features.idle_timeout_ms, detection.warmup_horizon_s, overrides)
+
+    def for_job(self, job_name: str | None) -> JobSettings:
+        """The settings of one job: the first matching override, over the defaults."""
+        name = job_name or ""
+        resolved = self._resolved.get(name)
+        if resolved is None:
+            if len(self._resolved) > 65536:
+                self._resolved.clear()
+            resolved = self._resolved[name] = _job_settings(self, name)
+        return resolved
+
+    def with_overrides(self, overrides) -> "PolicySettings":
+        """These settings with ``overrides`` tried before the configured ones."""
+        from dataclasses import replace
+        return replace(self, job_overrides=tuple(overrides) + self.job_overrides, _resolved={})
+
+
+def _job_settings(settings: PolicySettings, job_name: str) -> JobSettings:
+    for override in settings.job_overrides:
+        if fnmatchcase(job_name, override.job_name):
+            return JobSettings(
+                override.warmup_horizon_s if override.warmup_horizon_s is not None else settings.warmup_horizon_s,
+                override.state_limit_bytes if override.state_limit_bytes is not None else settings.state_limit_bytes,
+                override.mute)
+    return JobSettings(settings.warmup_horizon_s, settings.state_limit_bytes, ())
 
 
 def incident_id(cluster: str, job_id: str, family: str, vertex_id: str | None, opened_at: int) -> str:
@@ -78,37 +133,64 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     if scores.empty:
         return _terminal(state, rows)
     merged = scores.merge(rows, left_on="row", right_index=True, how="inner")
-    merged["_family_order"] = merged["family"].map(FAMILY_ORDER.index)
+    merged["_family_order"] = merged["family"].map(EVALUATION_ORDER.index)
     merged["_vertex"] = merged["vertex_id"].fillna("")
     merged = merged.sort_values(["cluster", "job_id", "ts", "_family_order", "_vertex"], kind="stable")
+    merged = merged.reset_index(drop=True)
+    decided = _decisions(state, merged, rules, settings)
+    columns = {name: merged[name].tolist() for name in merged.columns}
     events: list[dict] = []
-    for record in merged.to_dict("records"):
-        record = {k: _clean(v) for k, v in record.items()}
-        family = record["family"]
-        job_key = f"{record['cluster']}/{record['job_id']}"
-        job = state.setdefault(job_key, {})
-        job["_last_ts"] = max(job.get("_last_ts", 0), int(record["ts"]))
-        entity_key = f"{family}/{record['vertex_id'] or ''}"
-        entity = job.setdefault(entity_key, {"scores": [], "recent": [], "open": None})
-        rule = rules[family]
-        entity["scores"] = (entity["scores"] + [float(record["score"])])[-rule.n:]
-        column = RECENT_COLUMNS.get(family)
-        if column and record.get(column) is not None:
-            entity["recent"] = (entity["recent"] + [record[column]])[-RECENT_VALUES:]
-        holds = rule.decide(entity["scores"], record)
-        if family in EXPLAINED_BY and holds:
-            holds = not _explained(job, record["ts"], EXPLAINED_BY[family])
-        if family in ROOT_CAUSES and holds:
-            job.setdefault("_holding", {})[family] = record["ts"]
-        if record.get("job_state") in TERMINAL_STATES:
-            holds = False
-        changes = _transition(entity, holds, record, settings)
+    for i in range(len(merged)):
+        family, ts = columns["family"][i], int(columns["ts"][i])
+        job = state.setdefault(f"{columns['cluster'][i]}/{columns['job_id'][i]}", {})
+        job["_last_ts"] = max(job.get("_last_ts", 0), ts)
+        entity = job.setdefault(f"{family}/{columns['_vertex'][i]}", {"scores": [], "recent": [], "open": None})
+        entity["scores"] = (entity["scores"] + [float(columns["score"][i])])[-rules[family].n:]
+        recent = columns.get(RECENT_COLUMNS.get(family))
+        if recent is not None and _clean(recent[i]) is not None:
+            entity["recent"] = (entity["recent"] + [recent[i]])[-RECENT_VALUES:]
+        job_settings = settings.for_job(columns["job_name"][i])
+        holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
+        if not holds and entity["open"] is None:
+            continue  # nothing can change: the full record is not needed
+        # NaN is the only value unequal to itself: the cheap test, on every column.
+        record = {name: (v if v == v else None) for name, values in columns.items() for v in (values[i],)}
+        forecast = ev.leak_forecast(record, job_settings.state_limit_bytes) if family == STATE_LEAK else None
+        if holds and family in EXPLAINED_BY:
+            cause = _open_cause(job, family, record.get("vertex_id"))
+            if cause is not None:
+                holds = False
+                if family != ANOMALY:
+                    events.extend(_add_symptom(cause, family, record, ts, settings))
+        changes = _transition(entity, holds, record, forecast, settings)
         events.extend(changes)
         if any(e["event"] == "opened" for e in changes):
-            events.extend(_supersede(job, family, entity["open"]["id"], record))
+            events.extend(_supersede(job, family, entity, record, settings))
     events.extend(_terminal(state, rows))
     _forget_silent_jobs(state, int(merged["ts"].max()), settings.forget_after_ms)
     return events
+
+
+def _decisions(state: dict, merged: pd.DataFrame, rules: Mapping[str, PostRule], settings: PolicySettings) -> np.ndarray:
+    """Each row's post-rule decision, one vectorised call per family: every entity continues the
+    persistence count from the scores the state kept of it; each job gets its own warm-up
+    horizon, and a configured state limit shortens the leak's ETA to its limit."""
+    decided = np.zeros(len(merged), dtype=bool)
+    for family, part in merged.groupby("family", sort=False):
+        history = {}
+        for cluster, job_id, vertex in part[["cluster", "job_id", "_vertex"]].drop_duplicates().itertuples(index=False):
+            entity = state.get(f"{cluster}/{job_id}", {}).get(f"{family}/{vertex}")
+            if entity and entity["scores"]:
+                history[(cluster, job_id, vertex)] = entity["scores"]
+        jobs = part["job_name"].map(lambda name: settings.for_job(name))
+        horizon = jobs.map(lambda s: s.warmup_horizon_s).to_numpy(dtype="float64")
+        if family == STATE_LEAK:
+            limits = jobs.map(lambda s: s.state_limit_bytes).to_numpy(dtype="float64")
+            own = part["limit_eta_s"].to_numpy(dtype="float64") if "limit_eta_s" in part else np.full(len(part), np.nan)
+            part = part.assign(limit_eta_s=np.fmin(own, ev.configured_limit_eta_s(part, limits)))
+        decided[part.index] = rules[family].decisions(part.assign(vertex_id=part["_vertex"]), horizon_s=horizon,
+                                                      history=history).to_numpy()
+    return decided
 
 
 def _forget_silent_jobs(state: dict, now_ts: int, forget_after_ms: int) -> None:
@@ -120,18 +202,98 @@ def _forget_silent_jobs(state: dict, now_ts: int, forget_after_ms: int) -> None:
         del state[job_key]
 
 
-def _supersede(job: dict, cause: str, cause_id: str, record: dict) -> list[dict]:
-    """A root cause opening resolves the symptom incidents it explains that opened before it."""
-    events = []
+def _entities(job: dict):
+    """(family, vertex id, entity) of every entity of a job."""
     for key, entity in sorted(job.items()):
-        family = key.split("/", 1)[0]
-        if isinstance(entity, dict) and entity.get("open") and cause in EXPLAINED_BY.get(family, ()):
-            event = _resolve_now(entity, family, record)
-            event["summary"] = f"[resolved] {family.replace('_', ' ')} in {event['job_name']}: explained by the " \
-                               f"{cause.replace('_', ' ')} incident {cause_id}"
-            event["evidence"]["explained_by"] = cause_id
-            events.append(event)
+        if isinstance(entity, dict) and "scores" in entity:
+            family, _, vertex = key.partition("/")
+            yield family, vertex or None, entity
+
+
+def _open_cause(job: dict, family: str, vertex_id: str | None) -> dict | None:
+    """The open incident of a cause that explains ``family`` on this job, if any (the first cause
+    in ``EXPLAINED_BY`` order; some pairs only on the same vertex)."""
+    for cause in EXPLAINED_BY[family]:
+        for cause_family, cause_vertex, entity in _entities(job):
+            if cause_family == cause and entity["open"] and (
+                    (family, cause) not in SAME_VERTEX or cause_vertex == vertex_id):
+                return entity
+    return None
+
+
+def _supersede(job: dict, cause: str, cause_entity: dict, record: dict, settings: PolicySettings) -> list[dict]:
+    """A cause opening resolves the symptom incidents it explains that opened before it, and
+    takes them in as its symptoms."""
+    events = []
+    cause_id = cause_entity["open"]["id"]
+    for family, vertex, entity in _entities(job):
+        if not entity["open"] or cause not in EXPLAINED_BY.get(family, ()):
+            continue
+        if (family, cause) in SAME_VERTEX and vertex != record.get("vertex_id"):
+            continue
+        opened_at, last = entity["open"]["opened_at"], entity["open"].get("last_event") or {}
+        event = _resolve_now(entity, family, record)
+        event["summary"] = f"[resolved] {family.replace('_', ' ')} in {event['job_name']}: explained by the " \
+                           f"{cause.replace('_', ' ')} incident {cause_id}"
+        event["evidence"]["explained_by"] = cause_id
+        events.append(event)
+        if family != ANOMALY:
+            symptom_row = {**record, **(last.get("evidence") or {}).get("features", {}), "family": family}
+            events.extend(_add_symptom(cause_entity, family, symptom_row, opened_at, settings,
+                                       severity=last.get("severity")))
     return events
+
+
+def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings: PolicySettings,
+                 severity: str | None = None) -> list[dict]:
+    """Name ``family`` a symptom of the cause's open incident; an ``updated`` event when it is new
+    or raises the incident's severity."""
+    open_ = cause["open"]
+    ts = int(record["ts"])
+    severity = severity or ev.severity(family, record, None, settings.critical_eta_s)
+    symptoms = open_.setdefault("symptoms", [])
+    known = next((s for s in symptoms if s["family"] == family), None)
+    if known is None:
+        symptoms.append({"family": family, "first_at": first_at,
+                         "evidence": ev.evidence(family, record, _recent_failure(family, record)),
+                         "severity": severity, "last_at": ts})
+    else:
+        known.update(last_at=ts, severity=max(known["severity"], severity, key=SEVERITY_RANK.get))
+    raised = _rank(_with_symptoms(open_, open_["severity"], ts, settings)) > _rank(open_["severity"])
+    if known is not None and not raised:
+        return []
+    last = dict(open_["last_event"])
+    new_severity = _with_symptoms(open_, open_["severity"], ts, settings)
+    open_["severity"] = new_severity
+    detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
+    summary = last["summary"].split("] ", 1)[-1]
+    event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
+             "summary": f"[{new_severity}] {summary} (and {detail})",
+             "symptoms": _public_symptoms(open_),
+             "labels": {**last["labels"], "severity": new_severity, "event": "updated"}}
+    open_["last_event"] = event
+    return [event]
+
+
+def _recent_failure(family: str, record: dict) -> dict:
+    if family == CHECKPOINT_FAILURE and record.get("last_failure_message"):
+        return {"last_failure_message": record["last_failure_message"]}
+    return {}
+
+
+def _public_symptoms(open_: dict) -> list[dict]:
+    return [{"family": s["family"], "first_at": s["first_at"], "evidence": s["evidence"]}
+            for s in open_.get("symptoms", [])]
+
+
+def _rank(severity: str) -> int:
+    return SEVERITY_RANK[severity]
+
+
+def _with_symptoms(open_: dict, severity: str, ts: int, settings: PolicySettings) -> str:
+    """The worse of ``severity`` and the severities of symptoms seen within the clear time."""
+    current = [s["severity"] for s in open_.get("symptoms", []) if ts - s["last_at"] < settings.resolve_after_ms]
+    return max([severity, *current], key=SEVERITY_RANK.get)
 
 
 def _resolve_now(entity: dict, family: str, record: dict) -> dict:
@@ -142,18 +304,10 @@ def _resolve_now(entity: dict, family: str, record: dict) -> dict:
     return event
 
 
-def _explained(job: dict, ts: int, causes: tuple[str, ...]) -> bool:
-    """One of ``causes`` holds for this job at this evaluation, or has an incident open."""
-    if any(job.get("_holding", {}).get(cause) == ts for cause in causes):
-        return True
-    return any(isinstance(v, dict) and k.split("/", 1)[0] in causes and v.get("open") for k, v in job.items())
-
-
-def _transition(entity: dict, holds: bool, record: dict, settings: PolicySettings) -> list[dict]:
+def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, settings: PolicySettings) -> list[dict]:
     family, ts, open_ = record["family"], int(record["ts"]), entity["open"]
     terminal = record.get("job_state") in TERMINAL_STATES
     if holds:
-        forecast = ev.leak_forecast(record, settings.state_limit_bytes) if family == "state_leak" else None
         severity = ev.severity(family, record, forecast, settings.critical_eta_s)
         if open_ is None:
             entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
@@ -161,7 +315,7 @@ def _transition(entity: dict, holds: bool, record: dict, settings: PolicySetting
                               "eta_at": ts, "clear_since": None}
             return [_event("opened", entity, record, forecast, severity)]
         open_["clear_since"] = None
-        severity = _settled_severity(open_, severity, ts, settings)
+        severity = _with_symptoms(open_, _settled_severity(open_, severity, ts, settings), ts, settings)
         if severity != open_["severity"] or _eta_moved(open_, forecast, ts, settings):
             open_.update(severity=severity, eta_ms=forecast and forecast["eta_ms"], eta_at=ts)
             return [_event("updated", entity, record, forecast, severity)]
@@ -174,9 +328,6 @@ def _transition(entity: dict, holds: bool, record: dict, settings: PolicySetting
         entity["open"] = None
         return [event]
     return []
-
-
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 def _settled_severity(open_: dict, severity: str, ts: int, settings: PolicySettings) -> str:
@@ -214,9 +365,9 @@ def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
     ended = rows[rows["job_state"].isin(TERMINAL_STATES)].sort_values("ts", kind="stable")
     for record in ended.to_dict("records"):
         job = state.get(f"{record['cluster']}/{record['job_id']}", {})
-        for key, entity in sorted(job.items()):
-            if isinstance(entity, dict) and entity.get("open"):
-                events.append(_resolve_now(entity, key.split("/", 1)[0], record))
+        for family, _, entity in _entities(job):
+            if entity["open"]:
+                events.append(_resolve_now(entity, family, record))
     return events
 
 
@@ -229,14 +380,15 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
                       "version": record.get("model_version") or open_.get("model", {}).get("version"),
                       "alias": record.get("model_alias") or open_.get("model", {}).get("alias")}
     recent = {f"recent_{RECENT_COLUMNS[family]}": entity["recent"]} if family in RECENT_COLUMNS else {}
-    if family == "checkpoint_failure" and record.get("last_failure_message"):
-        recent["last_failure_message"] = record["last_failure_message"]
+    recent.update(_recent_failure(family, record))
     summary = ev.summary(family, record, forecast, severity)
     if kind == "resolved":
         summary = f"[resolved] {family.replace('_', ' ')} in {record.get('job_name')}" + (
             f" / {open_['vertex_name']}" if open_["vertex_name"] else "") + (
             " (the job ended)" if record.get("job_state") in TERMINAL_STATES else " has cleared")
-    return {
+    elif open_.get("symptoms"):
+        summary += " (and " + ", ".join(s["family"].replace("_", " ") for s in open_["symptoms"]) + ")"
+    event = {
         "schema_version": SCHEMA_VERSION,
         "incident_id": open_["id"],
         "event": kind,
@@ -260,3 +412,8 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
         "labels": {"cluster": record["cluster"], "job_name": record.get("job_name") or "", "family": family,
                    "severity": severity, "event": kind},
     }
+    if open_.get("symptoms"):
+        event["symptoms"] = _public_symptoms(open_)
+    if kind != "resolved":
+        open_["last_event"] = event
+    return event

@@ -1,71 +1,167 @@
-"""Injected faults against incidents: detected, missed, false, and the delays (demo, tests, replay).
+"""Labelled faults against incidents, run by run: found, missed, false, delays, localisation.
 
-A labelled fault counts as *detected* when an incident of its family opened on its job (and on
-its vertex, for localised families when the incident names one); the delay is from the labelled
-onset to ``opened_at``, negative when the incident came first (gradual faults show before the
-simulator's onset). Every opened incident that matches no
-fault is *false*. Anomaly incidents explain nothing by definition: they are listed, never false.
+The one judgement every consumer uses: ``sentinel replay --truth``, ``sentinel evaluate``, the
+demo's summary, the retraining gate and the tests. A *run* is one job with its ground-truth line
+(the simulator's and the lab's shape). A fault is **found** by the first incident of its family
+on the job, or the first incident that names its family among its ``symptoms``, opened no earlier
+than ``EARLY_GRACE_MS`` before the fault became detectable (its ``detectable_from_ts``, else its
+onset); the delay runs from the onset to that moment (negative when it came first). It is
+**localised** when the incident names the fault's vertex (job-level families always are).
+
+Every other opened incident is **false**, anomalies included: on a healthy run any incident is
+one too many. A **false family** is a family an incident claims on a faulty run (as its family or
+a symptom) that the run does not have.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Iterable, Sequence
 
-LOCALISED = ("state_leak", "backpressure", "skew")
+from pipelines.families import ANOMALY, LOCALISED
+
+EARLY_GRACE_MS = 60_000
+
+
+@dataclass
+class RunOutcome:
+    run: str  # the lab's run id, else the job name
+    job_id: str
+    scenario: str
+    expected: list[str]  # families of the run's faults ([] for a healthy run)
+    found: list[dict] = field(default_factory=list)  # {family, vertex_name, delay_s, localised, incident_id, as_symptom}
+    missed: list[dict] = field(default_factory=list)  # {family, vertex_name}
+    false: list[dict] = field(default_factory=list)  # the opened incidents that match no fault
+    false_families: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.expected
+
+    @property
+    def ok(self) -> bool:
+        return not self.missed and not self.false and all(f["localised"] for f in self.found)
 
 
 @dataclass
 class Comparison:
-    detected: list[dict] = field(default_factory=list)  # {job_name, family, vertex_name, delay_s}
-    missed: list[dict] = field(default_factory=list)
-    false: list[dict] = field(default_factory=list)  # the opened incidents
-    anomalies: list[dict] = field(default_factory=list)
+    runs: list[RunOutcome]
+
+    @property
+    def detected(self) -> list[dict]:
+        return [{**f, "job_name": r.run} for r in self.runs for f in r.found]
+
+    @property
+    def missed(self) -> list[dict]:
+        return [{**m, "job_name": r.run} for r in self.runs for m in r.missed]
+
+    @property
+    def false(self) -> list[dict]:
+        return [i for r in self.runs for i in r.false]
+
+    @property
+    def anomalies(self) -> list[dict]:
+        return [i for i in self.false if i["family"] == ANOMALY]
+
+    def metrics(self, family: str | None = None) -> dict[str, float]:
+        """Recall of faults, false incidents and families, delays; for one family or all."""
+        def of(items, key="family"):
+            return [i for i in items if family is None or i[key] == family]
+        found = [f for r in self.runs for f in of(r.found)]
+        faults = len(found) + sum(len(of(r.missed)) for r in self.runs)
+        healthy = [r for r in self.runs if r.healthy]
+        delays = [f["delay_s"] for f in found]
+        return {
+            "runs": float(len(self.runs)), "faults": float(faults), "faults_found": float(len(found)),
+            "fault_recall": len(found) / faults if faults else float("nan"),
+            "localised": sum(f["localised"] for f in found) / len(found) if found else float("nan"),
+            "healthy_runs": float(len(healthy)),
+            "false_incidents_on_healthy": float(sum(len(of(r.false)) for r in healthy)),
+            "false_incidents_per_healthy_run": (sum(len(of(r.false)) for r in healthy) / len(healthy)
+                                                if healthy else float("nan")),
+            "false_incidents": float(sum(len(of(r.false)) for r in self.runs)),
+            "false_families_on_faulty": float(sum(len([f for f in r.false_families if family in (None, f)])
+                                                  for r in self.runs if not r.healthy)),
+            "delay_s_median": median(delays) if delays else float("nan"),
+            "delay_s_max": max(delays) if delays else float("nan"),
+        }
 
     def lines(self) -> list[str]:
-        delays = sorted(d["delay_s"] for d in self.detected)
-        median = delays[len(delays) // 2] if delays else None
-        out = [f"injected faults: {len(self.detected) + len(self.missed)}   detected: {len(self.detected)}   "
-               f"missed: {len(self.missed)}   false incidents: {len(self.false)}   "
-               f"unexplained (anomaly): {len(self.anomalies)}"
-               + (f"   median delay: {median:.0f}s" if median is not None else "")]
+        m = self.metrics()
+        out = [f"injected faults: {m['faults']:.0f}   detected: {m['faults_found']:.0f}   missed: "
+               f"{len(self.missed)}   false incidents: {m['false_incidents']:.0f} (on healthy jobs: "
+               f"{m['false_incidents_on_healthy']:.0f})   unexplained (anomaly): {len(self.anomalies)}"
+               + (f"   median delay: {m['delay_s_median']:.0f}s" if found_any(m) else "")]
         for d in self.detected:
             when = f"after {d['delay_s']:.0f}s" if d["delay_s"] >= 0 else f"{-d['delay_s']:.0f}s before the onset"
-            out.append(f"  detected {d['family']:<18} {d['job_name']:<22} {d.get('vertex_name') or '':<40.40} {when}")
-        for m in self.missed:
-            out.append(f"  MISSED   {m['family']:<18} {m['job_name']:<22} {m.get('vertex_name') or '':<40.40}")
+            where = (d.get("vertex_name") or "") + ("" if d["localised"] else " (ON ANOTHER VERTEX)")
+            how = " (as a symptom)" if d["as_symptom"] else ""
+            out.append(f"  detected {d['family']:<18} {d['job_name']:<28.28} {where:<28.28} {when}{how}")
+        for m_ in self.missed:
+            out.append(f"  MISSED   {m_['family']:<18} {m_['job_name']:<28.28} {m_.get('vertex_name') or '':<28.28}")
         for f in self.false:
-            out.append(f"  FALSE    {f['family']:<18} {f['job_name']:<22} {f.get('vertex_name') or '':<40.40} "
+            out.append(f"  FALSE    {f['family']:<18} {f['job_name']:<28.28} {f.get('vertex_name') or '':<28.28} "
                        f"{f['summary'][:60]}")
         return out
 
 
+def found_any(metrics: dict) -> bool:
+    return metrics["faults_found"] > 0
+
+
 def compare(truths: Iterable[dict], incidents: Sequence[dict]) -> Comparison:
-    """``truths``: ground-truth lines (one per job, as the simulator and the lab write them)."""
-    opened = [i for i in incidents if i["event"] == "opened"]
-    used: set[str] = set()
-    result = Comparison(anomalies=[i for i in opened if i["family"] == "anomaly"])
+    """Judge every run of ``truths`` (ground-truth lines) against the incident events."""
+    opened: dict[tuple[str, str], list[dict]] = {}
+    latest: dict[str, dict] = {}
+    for incident in incidents:
+        latest[incident["incident_id"]] = incident  # the latest event carries every symptom
+        if incident["event"] == "opened":
+            opened.setdefault((incident["cluster"], incident["job_id"]), []).append(incident)
+    runs = []
     for truth in truths:
-        for fault in truth.get("faults") or []:
-            match = None
-            for incident in sorted(opened, key=lambda i: i["opened_at"]):
-                if (incident["job_id"] == truth["job_id"] and incident["cluster"] == truth["cluster"]
-                        and incident["family"] == fault["family"] and _same_place(incident, fault)):
-                    match = incident
-                    break
-            info = {"family": fault["family"], "job_name": truth["job_name"], "vertex_name": fault.get("vertex_name")}
-            if match is None:
-                result.missed.append(info)
-            else:
-                used.update(i["incident_id"] for i in opened if i["job_id"] == truth["job_id"]
-                            and i["family"] == fault["family"] and _same_place(i, fault))
-                result.detected.append({**info, "delay_s": (match["opened_at"] - fault["onset_ts"]) / 1000.0,
-                                        "incident_id": match["incident_id"]})
-    result.false = [i for i in opened if i["family"] != "anomaly" and i["incident_id"] not in used]
-    return result
+        job_incidents = sorted(opened.get((truth["cluster"], truth["job_id"]), []), key=lambda i: i["opened_at"])
+        runs.append(_judge(truth, job_incidents, latest))
+    return Comparison(runs)
 
 
-def _same_place(incident: dict, fault: dict) -> bool:
-    if fault["family"] not in LOCALISED or not fault.get("vertex_id") or not incident.get("vertex_id"):
+def _judge(truth: dict, incidents: list[dict], latest: dict[str, dict]) -> RunOutcome:
+    faults = truth.get("faults") or []
+    outcome = RunOutcome(truth.get("run_id") or truth["job_name"], truth["job_id"], truth.get("scenario", ""),
+                         sorted({f["family"] for f in faults}))
+    used: set[str] = set()
+    for fault in faults:
+        family = fault["family"]
+        earliest = (fault.get("detectable_from_ts") or fault["onset_ts"]) - EARLY_GRACE_MS
+        claims = []  # (when, localised, incident, as_symptom)
+        for incident in incidents:
+            place = _same_place(incident.get("vertex_id"), fault)
+            if incident["family"] == family and incident["opened_at"] >= earliest:
+                claims.append((incident["opened_at"], place, incident, False))
+            for symptom in latest[incident["incident_id"]].get("symptoms") or []:
+                if symptom["family"] == family and symptom["first_at"] >= earliest:
+                    claims.append((symptom["first_at"], place, incident, True))
+        if not claims:
+            outcome.missed.append({"family": family, "vertex_name": fault.get("vertex_name")})
+            continue
+        # The right place first, then the earliest. Every incident of the fault's own family at
+        # its place belongs to it (an incident that resolved and opened again is no false one).
+        when, localised, incident, as_symptom = min(claims, key=lambda c: (not c[1], c[0]))
+        used.update(c[2]["incident_id"] for c in claims if not c[3] and c[1])
+        if not as_symptom:
+            used.add(incident["incident_id"])
+        outcome.found.append({"family": family, "vertex_name": fault.get("vertex_name"),
+                              "delay_s": (when - fault["onset_ts"]) / 1000.0, "localised": localised,
+                              "incident_id": incident["incident_id"], "as_symptom": as_symptom})
+    outcome.false = [i for i in incidents if i["incident_id"] not in used]
+    if faults:
+        claimed = {i["family"] for i in incidents} | {s["family"] for i in incidents
+                                                     for s in latest[i["incident_id"]].get("symptoms") or []}
+        outcome.false_families = sorted(claimed - set(outcome.expected))
+    return outcome
+
+
+def _same_place(vertex_id: str | None, fault: dict) -> bool:
+    if fault["family"] not in LOCALISED or not fault.get("vertex_id"):
         return True
-    return incident["vertex_id"] == fault["vertex_id"]
+    return vertex_id == fault["vertex_id"]

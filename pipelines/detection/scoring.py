@@ -23,10 +23,10 @@ from models import registry
 from models.detectors import FAMILY_LEVEL, rows_for
 from models.registry import LoadedDetector, ModelUnavailable
 from pipelines.config import SentinelConfig
+from pipelines.families import FAMILIES
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly")
 SCORE_COLUMNS = ["row", "family", "score", "model_name", "model_version", "model_alias"]
 
 

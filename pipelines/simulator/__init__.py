@@ -56,14 +56,18 @@ def scenario(name: str) -> Scenario:
 
 def simulate_job(name: str, seed: int = 0, index: int = 0, duration_ms: int | None = None,
                  cluster: str = "sim", start_ts: int = DEFAULT_START_TS, source: str = "simulator",
-                 reporting: Reporting = FLINK_2_3) -> SimulatedJob:
+                 reporting: Reporting = FLINK_2_3, fresh_start: bool | None = None,
+                 timing: dict | None = None) -> SimulatedJob:
     """Run one job of scenario ``name``. ``(seed, name, index)`` fixes every number it emits; the
-    reporting only changes how its metrics read, not the job."""
+    reporting only changes how its metrics read, not the job. ``fresh_start`` makes the job start
+    with the simulation (or not), ``timing`` overrides its checkpoint and poll intervals."""
     chosen = scenario(name)
     duration = duration_ms if duration_ms is not None else chosen.default_duration_ms
     rng = random.Random(f"{seed}:{name}:{index}")
     spec, faults = chosen.build(rng, duration)
     spec = _with_cluster(spec, cluster, index)
+    if fresh_start is not None or timing:
+        spec = replace(spec, **({"fresh_start": fresh_start} if fresh_start is not None else {}), **(timing or {}))
     job = JobSimulation(spec, faults, seed=f"{seed}:{name}:{index}", start_ts=start_ts, source_label=source,
                         reporting=reporting)
     events = job.run(duration)

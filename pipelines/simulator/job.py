@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
 from pipelines.contracts import SCHEMA_VERSION
@@ -55,9 +55,16 @@ class Reporting:
     # Operators report busy 1000 ms/s while they start (PyFlink's Python workers take ~10 s,
     # Java operators about a second): drawn per job from this range, in seconds.
     startup_busy_s: tuple[float, float] = (1.0, 15.0)
-    # Per-second rates are 60 s meters: after a (re)start they ramp up from 0 over a minute,
-    # while busy/backpressured/idle times average over the time since the start.
+    # Per-second rates are 60 s meters: after a (re)start they ramp up from 0 over a minute.
     meters_ramp_up: bool = True
+    # Busy, backpressured and idle time (and buffer usage, barrier times) are short averages
+    # (Flink's 5 s metric views), not minute-long ones.
+    time_window_s: float = 5.0
+    # After starting, operators work off what queued meanwhile: busy fades to normal over this
+    # many times the start-up time.
+    catch_up_factor: float = 2.0
+    # Idle input buffers read 0 (the lab's operators), not a few percent.
+    idle_pool_usage: float = 0.0
     # The first poll after a (re)start has no values yet (the metric fetcher has not run).
     first_poll_empty: bool = True
     # Checkpoints triggered before every task runs fail; counted, never in the history.
@@ -65,7 +72,8 @@ class Reporting:
 
 
 IDEALISED = Reporting("idealised", checkpoint_ids_from_start=False, startup_busy_s=(0.0, 0.0), meters_ramp_up=False,
-                      first_poll_empty=False, startup_trigger_failures=(0, 0))
+                      time_window_s=60.0, catch_up_factor=0.0, idle_pool_usage=0.05, first_poll_empty=False,
+                      startup_trigger_failures=(0, 0))
 FLINK_2_3 = Reporting("flink-2.3")
 REPORTINGS = {r.name: r for r in (IDEALISED, FLINK_2_3)}
 # A job that runs before the simulation starts has been up this long (its checkpoint ids say so).
@@ -318,8 +326,8 @@ class JobSimulation:
                 row.append(SubtaskSample(
                     busy=busy, backpressured=backpressured, idle=max(0.0, 1000.0 - busy - backpressured),
                     records_in=rin, records_out=rin * v.selectivity,
-                    in_pool=min(1.0, 0.05 + (pressure if (hot or i == bottleneck) else 0.0)),
-                    out_pool=min(1.0, 0.05 + (0.9 * pressure if upstream_of_bottleneck else 0.0)),
+                    in_pool=min(1.0, self.reporting.idle_pool_usage + (pressure if (hot or i == bottleneck) else 0.0)),
+                    out_pool=min(1.0, self.reporting.idle_pool_usage + (0.9 * pressure if upstream_of_bottleneck else 0.0)),
                     start_delay_ms=delay, alignment_ms=alignment,
                 ))
             samples.append(row)
@@ -477,14 +485,28 @@ class JobSimulation:
         self._history.clear()
         self._start(t_ms + downtime_ms)
 
+    def starting(self, t_ms: int) -> bool:
+        """Whether the job's tasks are still starting at ``t_ms`` (checkpoints triggered now fail)."""
+        return self.started_ms is not None and 0 <= t_ms - self.started_ms < self.startup_busy_ms
+
     def _starting_up(self, samples: list[list[SubtaskSample]], t_ms: int) -> list[list[SubtaskSample]]:
-        """While operators start they report busy and process nothing (sources report no busy time)."""
-        if self.started_ms is None or not 0 <= t_ms - self.started_ms < self.startup_busy_ms:
+        """While operators start they report busy and process nothing (sources report no busy
+        time); then they work off what queued meanwhile, busy fading to normal."""
+        if self.started_ms is None or t_ms < self.started_ms:
             return samples
-        return [[SubtaskSample(busy=0.0 if v.source else 1000.0, backpressured=0.0, idle=1000.0 if v.source else 0.0,
-                               records_in=0.0, records_out=0.0, in_pool=s.in_pool, out_pool=s.out_pool,
-                               start_delay_ms=s.start_delay_ms, alignment_ms=s.alignment_ms) for s in row]
-                for v, row in zip(self.spec.vertices, samples)]
+        elapsed = t_ms - self.started_ms
+        catch_up_ms = self.startup_busy_ms * self.reporting.catch_up_factor
+        if elapsed < self.startup_busy_ms:
+            return [[SubtaskSample(busy=0.0 if v.source else 1000.0, backpressured=0.0, idle=1000.0 if v.source else 0.0,
+                                   records_in=0.0, records_out=0.0, in_pool=s.in_pool, out_pool=s.out_pool,
+                                   start_delay_ms=s.start_delay_ms, alignment_ms=s.alignment_ms) for s in row]
+                    for v, row in zip(self.spec.vertices, samples)]
+        if elapsed < self.startup_busy_ms + catch_up_ms:
+            left = 1.0 - (elapsed - self.startup_busy_ms) / catch_up_ms
+            return [[s if v.source else replace(s, busy=s.busy + (1000.0 - s.busy) * left,
+                                                idle=max(0.0, s.idle - (1000.0 - s.busy) * left))
+                     for s in row] for v, row in zip(self.spec.vertices, samples)]
+        return samples
 
     def rescale(self, vertex: int, parallelism: int) -> None:
         self.parallelism[vertex] = parallelism
@@ -520,7 +542,10 @@ class JobSimulation:
             # Checkpoints triggered since the last step.
             self.in_progress = [(trig, end) for trig, end in self.in_progress if end > t - step]
             while next_trigger <= t:
-                if running and sum(1 for _, end in self.in_progress if end > next_trigger) < spec.max_concurrent_checkpoints:
+                if running and self.starting(next_trigger):
+                    self.failed_total += 1  # a trigger before every task runs: counted, never in the history
+                    next_trigger += spec.checkpoint_interval_ms
+                elif running and sum(1 for _, end in self.in_progress if end > next_trigger) < spec.max_concurrent_checkpoints:
                     failure = None
                     for fault in self.faults:
                         if failure is None and fault.active(next_trigger):
@@ -545,7 +570,8 @@ class JobSimulation:
                         self._polled_since_start = True
                     elif running and self._history:
                         ramp = window if self.reporting.meters_ramp_up else None
-                        events.extend(self._vertex_metrics(self.start_ts + t, _average(self._history, ramp)))
+                        recent = max(1, round(self.reporting.time_window_s * 1000 / step))
+                        events.extend(self._vertex_metrics(self.start_ts + t, _average(self._history, ramp, recent)))
                 next_poll += spec.poll_interval_ms
             t += step
         events = [e for e in events if e["ts"] <= self.start_ts + duration_ms]
@@ -556,19 +582,25 @@ class JobSimulation:
 RATES = ("records_in", "records_out")
 
 
-def _average(history: deque, meter_window: int | None = None) -> list[list[SubtaskSample]]:
-    """Each subtask's samples averaged over the history; with ``meter_window`` (samples per
-    minute) the rates are Flink's meters: a minute's count over a minute, so they ramp up from
-    zero while the history is shorter than that."""
+def _average(history: deque, meter_window: int | None = None, recent: int | None = None) -> list[list[SubtaskSample]]:
+    """Each subtask's samples averaged as Flink reports them: rates over the whole history (a
+    minute), times and usages over its last ``recent`` samples (None: the whole history). With
+    ``meter_window`` (samples per minute) the rates are Flink's meters, a minute's count over a
+    minute, so they ramp up from zero while the history is shorter than that."""
     latest = history[-1]
     averaged = []
     for i, row in enumerate(latest):
         out = []
         for k in range(len(row)):
             values = [h[i][k] for h in history if i < len(h) and k < len(h[i])]
-            out.append(SubtaskSample(*(
-                sum(getattr(s, f) for s in values) / (max(meter_window, len(values)) if meter_window and f in RATES
-                                                      else len(values))
-                for f in SubtaskSample.__dataclass_fields__)))
+            short = values[-recent:] if recent else values
+            fields = {}
+            for f in SubtaskSample.__dataclass_fields__:
+                if f in RATES:
+                    fields[f] = sum(getattr(s, f) for s in values) / (max(meter_window, len(values)) if meter_window
+                                                                      else len(values))
+                else:
+                    fields[f] = sum(getattr(s, f) for s in short) / len(short)
+            out.append(SubtaskSample(**fields))
         averaged.append(out)
     return averaged

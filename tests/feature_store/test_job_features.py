@@ -48,9 +48,10 @@ def poll(ts, vertex, name, busy, backpressured, records=None, idle=None):
                           "checkpoint_start_delay_ms": None, "checkpoint_alignment_time_ms": None} for i in range(n)]}
 
 
-def status(ts, limit=None, in_progress=0, heap=(100, 1000), restarts=0, state="RUNNING", interval=10_000, timeout=60_000):
+def status(ts, limit=None, in_progress=0, heap=(100, 1000), restarts=0, state="RUNNING", interval=10_000, timeout=60_000,
+           failed_total=0):
     return {**base(ts, "job_status"), "state": state, "num_restarts": restarts, "checkpoints_completed_total": 0,
-            "checkpoints_failed_total": 0, "checkpoints_in_progress": in_progress, "checkpoint_interval_ms": interval,
+            "checkpoints_failed_total": failed_total, "checkpoints_in_progress": in_progress, "checkpoint_interval_ms": interval,
             "checkpoint_timeout_ms": timeout, "max_state_size_bytes": limit, "jm_heap_used_bytes": heap[0],
             "jm_heap_max_bytes": heap[1]}
 
@@ -148,6 +149,9 @@ def test_backpressure_names_the_busy_vertex_downstream_of_backpressure():
     assert source["busy_max"] is None and source["busy_reported"] == 0.0
     assert bottleneck["busy_reported"] == 1.0
     assert bottleneck["in_pool_max"] == 0.5 and bottleneck["out_pool_max"] == 0.25
+    # The bottleneck has another vertex waiting on it; the source has none.
+    assert bottleneck["others_backpressured_max"] == pytest.approx(0.9)
+    assert source["others_backpressured_max"] == pytest.approx(0.0)
 
 
 def test_skew_features_find_the_hot_subtask():
@@ -156,6 +160,9 @@ def test_skew_features_find_the_hot_subtask():
               status(T0 + 2)]
     vertex = rows_at(events, vertex=V1)
     assert vertex["records_in_max_over_mean"] == pytest.approx(2.8)
+    # 70% of the records where a quarter is fair: (0.7 - 0.25) / (1 - 0.25).
+    assert vertex["records_in_hot_excess"] == pytest.approx(0.6)
+    assert vertex["state_hot_excess"] == pytest.approx(0.0)
     assert vertex["records_in_cv"] == pytest.approx(math.sqrt(67_500) / 250)
     assert vertex["hot_subtask"] == 3
     assert vertex["state_max_over_mean"] == pytest.approx(1.0)
@@ -208,3 +215,46 @@ def test_barrier_wait_trends():
     assert vertex["start_delay_rel_slope_per_h"] == pytest.approx(600 / 200)  # 100 per 10 min over mean 200
     assert vertex["alignment_rel_slope_per_h"] == pytest.approx(300 / 100)  # alignment is half the delay here
     assert vertex["start_delay_max_ms"] == 300 and vertex["alignment_max_ms"] == 150
+
+
+def test_job_age_counts_from_the_start_its_checkpoint_ids_tell_and_from_the_last_restart():
+    def numbered(ts, cid):
+        return {**checkpoint(ts, 100), "checkpoint_id": cid, "trigger_ts": ts - 1000}
+
+    fresh = rows_at([status(T0), numbered(T0 + 11_000, 1), status(T0 + 40_000)], vertex=None)
+    assert fresh["job_age_s"] == pytest.approx(40.0)
+    # First seen with checkpoint 31 at a 10 s interval: it has run for about 300 s already.
+    seen_late = rows_at([status(T0), numbered(T0 + 11_000, 31), status(T0 + 40_000)], vertex=None)
+    assert seen_late["job_age_s"] == pytest.approx(40 + 300 - 10, abs=1)
+    restarted = rows_at([status(T0), numbered(T0 + 11_000, 31), status(T0 + 40_000, restarts=1),
+                         status(T0 + 55_000, restarts=1)], vertex=None)
+    assert restarted["job_age_s"] == pytest.approx(15.0)
+
+
+def test_new_highs_and_plateaus_tell_growth_that_resumed_from_warm_up():
+    step = 10_000
+    warmup_then_leak = [100 + 10 * i for i in range(8)] + [170] * 8 + [170 + 15 * i for i in range(1, 9)]
+    rows = features_for_events([checkpoint(T0 + i * step, s) for i, s in enumerate(warmup_then_leak)])
+    vertex = [r for r in rows if r["vertex_id"] == V1]
+    assert vertex[7]["vertex_state_flat_seen"] == 0.0  # still growing: no plateau yet
+    assert vertex[15]["vertex_state_flat_seen"] == 1.0  # eight flat checkpoints over 70 s
+    assert vertex[15]["vertex_state_over_prior_max"] == pytest.approx(170 / 130)  # the warm-up still in the window
+    last = vertex[-1]
+    assert last["vertex_state_flat_seen"] == 1.0
+    # Above everything before the short window (its peak: 170).
+    assert last["vertex_state_over_prior_max"] == pytest.approx(290 / 170)
+    linear = features_for_events([checkpoint(T0 + i * step, 100 + 10 * i) for i in range(24)])
+    assert {r["vertex_state_flat_seen"] for r in linear if r["vertex_id"] == V1} == {0.0}
+
+
+def test_failures_flink_counts_without_a_checkpoint_and_failures_a_cancellation_causes():
+    events = [status(T0, failed_total=2), checkpoint(T0 + 5_000, 100), status(T0 + 10_000, failed_total=4),
+              status(T0 + 20_000, failed_total=5)]
+    job = rows_at(events, vertex=None)
+    assert job["checkpoint_failures_counted"] == 3  # within the last two minutes; no failed checkpoint event
+    assert job["checkpoint_failed_fraction"] == 0.0
+    cancelled = events + [{**checkpoint(T0 + 25_000, 0, "FAILED"),
+                           "failure_message": "Checkpoint Coordinator is suspending."},
+                          status(T0 + 26_000, state="CANCELED", failed_total=6)]
+    job = rows_at(cancelled, vertex=None)
+    assert job["checkpoint_failed_fraction"] == 0.0 and job["job_age_checkpoints"] == 1

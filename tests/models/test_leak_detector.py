@@ -12,15 +12,19 @@ import pytest
 from feature_store.job_features import features_for_events
 from models import registry
 from models.detectors import rows_for
+from models.post_rule import DEFAULT_WARMUP_HORIZON_S
 from pipelines import simulator
 
 WARM_UPS = ["healthy_warmup", "healthy_window_fill", "healthy_cep_key_rotation"]
 
 
 def decisions(leak, job) -> pd.DataFrame:
+    """Where the champion decides a leak, with the warm-up horizon the job's operator declares
+    (the simulator's long warm-ups) or the default."""
     rows = rows_for(pd.DataFrame(features_for_events(job.events)), "vertex")
     rows = rows.assign(score=leak.detector.score(rows))
-    return rows[leak.post_rule.decisions(rows).to_numpy()]
+    horizon = job.truth.get("warmup_horizon_s", DEFAULT_WARMUP_HORIZON_S)
+    return rows[leak.post_rule.decisions(rows, horizon_s=horizon).to_numpy()]
 
 
 @pytest.fixture(scope="module")
@@ -51,3 +55,7 @@ def test_the_leak_detector_catches_leaks_that_do_not_level_off(leak, scenario):
     fired = decisions(leak, job)
     onset = job.truth["faults"][0]["onset_ts"]
     assert not fired.empty and fired["ts"].min() >= onset - 5 * 60_000
+    # Soon after the later of its onset and the end of its warm-up horizon (declared, else the
+    # default): simulated leaks grow over hours, so soon is minutes.
+    horizon_ms = job.truth.get("warmup_horizon_s", DEFAULT_WARMUP_HORIZON_S) * 1000
+    assert fired["ts"].min() <= max(onset, job.truth["start_ts"] + horizon_ms) + 10 * 60_000

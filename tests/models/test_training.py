@@ -12,30 +12,29 @@ from models.validation import TrainingSetInvalid
 from pipelines import simulator
 from tests.conftest import config_for
 
-GOOD = {"f1": 0.8, "fault_recall": 1.0, "false_incidents_per_job_day": 2.0, "delay_s_median": 120.0}
+GOOD = {"faults_found": 5.0, "false_incidents": 1.0, "false_families_on_faulty": 0.0}
 
 
-def test_gate_promotes_a_better_model_and_refuses_a_worse_one():
-    baseline = {"f1": 0.3}
-    better = dict(GOOD, false_incidents_per_job_day=1.0, delay_s_median=90.0)
-    ok, reasons = gate(better, GOOD, baseline)
+def test_gate_promotes_no_regression_and_refuses_one():
+    baseline = {"faults_found": 4.0, "false_incidents": 3.0, "false_families_on_faulty": 1.0}
+    better = dict(GOOD, false_incidents=0.0)
+    ok, reasons = gate("skew", better, GOOD, baseline, "real-Flink validation runs")
     assert ok and "at least as good as the champion" in reasons[-1]
-    worse = dict(GOOD, fault_recall=0.75, delay_s_median=300.0)
-    ok, reasons = gate(worse, GOOD, baseline)
+    assert reasons[0].startswith("on the real-Flink validation runs: 5 faults found net")
+    worse = dict(GOOD, faults_found=3.0, false_families_on_faulty=1.0)
+    ok, reasons = gate("skew", worse, GOOD, baseline, "real-Flink validation runs")
     assert not ok
-    assert any("fault_recall 0.750 is worse than the champion's 1.000" in r for r in reasons)
-    assert any("delay_s_median 300.000 is worse" in r for r in reasons)
+    assert "on the real-Flink validation runs: faults found 3 is worse than the champion's 5" in reasons
+    assert any("false families on faulty runs 1 is worse than the champion's 0" in r for r in reasons)
 
 
-def test_gate_requires_beating_the_static_baseline_even_without_a_champion():
-    ok, reasons = gate(dict(GOOD, f1=0.2), None, {"f1": 0.3})
-    assert not ok and "does not beat the static baseline" in reasons[0]
-    ok, reasons = gate(GOOD, None, {"f1": 0.3})
+def test_gate_requires_the_static_alarms_net_result_even_without_a_champion():
+    ok, reasons = gate("skew", dict(GOOD, faults_found=1.0), None, {"faults_found": 4.0, "false_incidents": 0.0,
+                                                                    "false_families_on_faulty": 0.0})
+    assert not ok and "is below the static alarms' 4" in reasons[0]
+    ok, reasons = gate("skew", GOOD, None, {"faults_found": 4.0, "false_incidents": 0.0, "false_families_on_faulty": 0.0})
     assert ok and reasons[-1] == "no champion yet"
-    # A champion that never caught anything: a candidate that does catch is not "worse" on delay.
-    never = dict(GOOD, fault_recall=0.0, delay_s_median=math.nan)
-    assert gate(GOOD, never, None)[0]
-    assert not gate(never, GOOD, None)[0]
+    assert gate("anomaly", GOOD, None, None) == (True, ["no champion yet"])
 
 
 @pytest.fixture(scope="module")
@@ -64,23 +63,16 @@ def test_training_registers_every_family_and_moves_aliases_through_the_gate(spar
             loaded = registry.load_detector(outcome.registered_name, config.mlflow.alias)
             assert loaded.version == outcome.version and loaded.post_rule is not None
     skew = next(o for o in outcomes if o.family == "skew")
-    assert skew.promoted and skew.metrics["f1"] > skew.baseline["f1"]
+    # No lab runs in this dataset: the gate judged the simulated validation runs.
+    assert skew.promoted and any(r.startswith("on the validation runs") for r in skew.reasons)
+    assert skew.metrics["faults_found"] == skew.metrics["faults"] > 0 and skew.metrics["f1"] > 0.5
+    assert any(line.startswith("test runs, every family together:") for line in lines)
 
-    # The same training again is exactly as good: the gate compares on the same test rows.
+    # The same training again is exactly as good: the gate compares on the same runs.
     again = run_training(spark, config, [small_dataset], families=["skew"], grid=grid, progress=lines.append)
     assert again[0].champion_version == skew.version
-    assert again[0].champion == pytest.approx(skew.metrics, nan_ok=True)
+    assert again[0].champion == pytest.approx(skew.challenger_gate, nan_ok=True)
     assert again[0].promoted  # "at least as good" includes as good
-    champion = registry.alias_version(skew.registered_name, config.mlflow.alias)
-
-    # A deliberately worse model (it sees only the job's age and interval) is registered as the
-    # challenger, and the gate keeps the champion, saying why.
-    blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
-    worse = run_training(spark, config, [small_dataset], families=["skew"], grid=blind, progress=lines.append)[0]
-    assert not worse.promoted and worse.version != champion
-    assert registry.alias_version(skew.registered_name, config.mlflow.alias) == champion
-    assert registry.alias_version(skew.registered_name, registry.CHALLENGER) == worse.version
-    assert any("worse than the champion" in r or "does not beat the static baseline" in r for r in worse.reasons)
 
 
 def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
@@ -91,3 +83,18 @@ def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
         run_training(spark, config, [tmp_path / "healthy"], progress=lambda _: None)
     registry.use_config(config)
     assert registry.alias_version(config.mlflow.models.skew, registry.CHALLENGER) is None
+
+
+def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, trained_store, trained_datasets):
+    """A dry run against the session's champions: a detector that sees only the job's age and
+    checkpoint interval misses the backpressure of the lab's validation runs the champion finds."""
+    blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
+    lines: list[str] = []
+    (outcome,) = run_training(spark, trained_store, trained_datasets, families=["backpressure"], grid=blind,
+                              dry_run=True, progress=lines.append)
+    assert not outcome.promoted and outcome.version is None
+    assert outcome.champion["faults_found"] > outcome.challenger_gate["faults_found"]
+    assert any(r.startswith("on the real-Flink validation runs: faults found") and "worse than the champion's" in r
+               for r in outcome.reasons), outcome.reasons
+    registry.use_config(trained_store)
+    assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) is None

@@ -23,6 +23,9 @@ INCIDENT_EXAMPLE = {
     "forecast": {"metric": "state_size_bytes", "limit": 5242880, "eta_ms": 40000},
     "runbook": ["Set a state TTL on the CEP operator's keyed state."],
     "labels": {"cluster": "prod-eu", "family": "state_leak", "severity": "critical"},
+    # Optional (additive to v1): the effects folded into this incident.
+    "symptoms": [{"family": "checkpoint_failure", "first_at": 1_700_000_130_000,
+                  "evidence": {"features": {"checkpoint_failed_fraction": 0.25}}}],
 }
 
 DEAD_LETTER_EXAMPLE = {
@@ -99,6 +102,8 @@ def test_incident_and_dead_letter_round_trip_through_their_spark_schemas(spark):
             if isinstance(value, dict) and contract is INCIDENT and key in ("evidence", "forecast"):
                 # free-form objects are carried as their JSON text
                 assert json.loads(row[key]) == value
+            elif key == "symptoms":
+                assert [{**s, "evidence": json.loads(s["evidence"])} for s in row[key]] == value
             else:
                 assert row[key] == value, key
 
@@ -134,6 +139,17 @@ def _broken(change):
 )
 def test_contract_violations_are_named(event, expected):
     assert any(expected in message for message in INPUT.errors(event)), INPUT.errors(event)
+
+
+def test_the_families_are_defined_once_and_the_incident_contract_lists_them():
+    from pipelines.families import FAMILIES
+
+    schema = INCIDENT.schema["properties"]
+    assert tuple(schema["family"]["enum"]) == FAMILIES
+    assert tuple(schema["symptoms"]["items"]["properties"]["family"]["enum"]) == FAMILIES
+    without = {k: v for k, v in INCIDENT_EXAMPLE.items() if k != "symptoms"}
+    assert INCIDENT.errors(without) == []  # symptoms are optional: v1 consumers see nothing new
+    assert INCIDENT.errors({**INCIDENT_EXAMPLE, "symptoms": [{"family": "gc"}]})
 
 
 def test_unknown_fields_are_ignored_by_readers():

@@ -11,9 +11,10 @@ from models.post_rule import PostRule
 from pipelines.contracts import INCIDENT
 from pipelines.detection import policy
 from pipelines.detection.policy import PolicySettings, step
+from pipelines.families import FAMILIES
 
 MIN = 60_000
-RULES = {f: PostRule(0.5, 2, 3) for f in policy.FAMILY_ORDER}
+RULES = {f: PostRule(0.5, 2, 3) for f in FAMILIES}
 SETTINGS = PolicySettings(resolve_after_ms=10 * MIN, critical_eta_s=3600)
 
 
@@ -124,29 +125,82 @@ def test_each_family_names_where_and_what(family, features, expected):
                                 "event": "opened"}
 
 
-def test_checkpoint_failures_caused_by_a_leak_are_folded_into_the_leak_incident():
-    leak_rows, leak_scores = rows_and_scores([(m, 0.9) for m in range(5)])
-    job_rows, failure_scores = rows_and_scores([(m, 0.9) for m in range(5)], family="checkpoint_failure", vertex=None)
-    rows = pd.concat([leak_rows, job_rows], ignore_index=True)
-    scores = pd.concat([leak_scores, failure_scores.assign(row=failure_scores["row"] + len(leak_rows))],
-                       ignore_index=True)
-    assert [e["family"] for e in step({}, rows, scores, RULES, SETTINGS)] == ["state_leak"]
+def together(*parts):
+    """Rows and scores of several entities as one batch."""
+    rows, scores, offset = [], [], 0
+    for part_rows, part_scores in parts:
+        rows.append(part_rows)
+        scores.append(part_scores.assign(row=part_scores["row"] + offset))
+        offset += len(part_rows)
+    return pd.concat(rows, ignore_index=True), pd.concat(scores, ignore_index=True)
+
+
+def test_checkpoint_failures_caused_by_a_leak_are_a_symptom_in_the_leak_incident():
+    rows, scores = together(rows_and_scores([(m, 0.9) for m in range(5)]),
+                            rows_and_scores([(m, 0.9) for m in range(5)], family="checkpoint_failure", vertex=None,
+                                            checkpoint_failed_fraction=[0.0, 0.25, 0.5, 0.75, 0.75],
+                                            last_failure_message="Size of the state is larger than the maximum"))
+    events = step({}, rows, scores, RULES, SETTINGS)
+    assert [(e["event"], e["family"], e["severity"], e["updated_at"] // MIN) for e in events] == [
+        ("opened", "state_leak", "warning", 1),
+        # The failures join the leak's incident, and its severity follows them (half failing: critical).
+        ("updated", "state_leak", "warning", 1), ("updated", "state_leak", "critical", 2)]
+    (symptom,) = events[-1]["symptoms"]
+    assert symptom["family"] == "checkpoint_failure" and symptom["first_at"] == 1 * MIN
+    assert symptom["evidence"]["last_failure_message"].startswith("Size of the state")
+    assert "checkpoint" in events[-1]["summary"]
+    for event in events:
+        assert INCIDENT.errors(event) == []
     # Without the leak the same failures are an incident of their own.
-    assert [e["family"] for e in step({}, job_rows, failure_scores, RULES, SETTINGS)] == ["checkpoint_failure"]
+    alone_rows, alone_scores = rows_and_scores([(m, 0.9) for m in range(5)], family="checkpoint_failure", vertex=None)
+    assert [e["family"] for e in step({}, alone_rows, alone_scores, RULES, SETTINGS)] == ["checkpoint_failure"]
 
 
-def test_a_symptom_incident_is_resolved_when_its_cause_is_recognised():
-    failure_rows, failure_scores = rows_and_scores([(m, 0.9) for m in range(6)], family="checkpoint_failure",
-                                                   vertex=None)
-    leak_rows, leak_scores = rows_and_scores([(m, 0.9 if m >= 3 else 0.1) for m in range(6)])
-    rows = pd.concat([failure_rows, leak_rows], ignore_index=True)
-    scores = pd.concat([failure_scores, leak_scores.assign(row=leak_scores["row"] + len(failure_rows))],
-                       ignore_index=True)
+def test_a_symptom_incident_is_resolved_into_its_cause_when_the_cause_is_recognised():
+    rows, scores = together(rows_and_scores([(m, 0.9) for m in range(6)], family="checkpoint_failure", vertex=None),
+                            rows_and_scores([(m, 0.9 if m >= 3 else 0.1) for m in range(6)]))
     events = step({}, rows, scores, RULES, SETTINGS)
     assert [(e["event"], e["family"], e["updated_at"] // MIN) for e in events] == [
-        ("opened", "checkpoint_failure", 1), ("opened", "state_leak", 4), ("resolved", "checkpoint_failure", 4)]
+        ("opened", "checkpoint_failure", 1), ("opened", "state_leak", 4), ("resolved", "checkpoint_failure", 4),
+        ("updated", "state_leak", 4)]
     assert events[2]["evidence"]["explained_by"] == events[1]["incident_id"]
-    assert INCIDENT.errors(events[2]) == []
+    assert events[3]["symptoms"][0]["family"] == "checkpoint_failure"
+    assert events[3]["symptoms"][0]["first_at"] == 1 * MIN  # when the failures were first an incident
+    assert INCIDENT.errors(events[2]) == [] and INCIDENT.errors(events[3]) == []
+
+
+def test_backpressure_behind_a_hot_key_is_the_skews_symptom_on_its_vertex_only():
+    skew = rows_and_scores([(m, 0.9) for m in range(4)], family="skew", vertex="hot", hot_subtask=1.0)
+    backpressure_there = rows_and_scores([(m, 0.9) for m in range(4)], family="backpressure", vertex="hot")
+    backpressure_elsewhere = rows_and_scores([(m, 0.9) for m in range(4)], family="backpressure", vertex="sink")
+    events = step({}, *together(skew, backpressure_there, backpressure_elsewhere), RULES, SETTINGS)
+    assert [(e["event"], e["family"], e["vertex_id"]) for e in events] == [
+        ("opened", "skew", "hot"), ("updated", "skew", "hot"), ("opened", "backpressure", "sink")]
+    assert events[1]["symptoms"][0]["family"] == "backpressure"
+
+
+def test_operator_knowledge_per_job_overrides_the_defaults():
+    young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "vertex_state_deceleration": 1.0,
+                    "vertex_state_flat_seen": 0.0, "vertex_state_over_prior_max": 1.5,
+                    "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 20.0}
+    guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
+    rows, scores = rows_and_scores([(m, 0.9) for m in range(4)], **young_growth)
+    # The default 180 s horizon: growth past it is a leak.
+    assert [e["updated_at"] // MIN for e in step({}, rows, scores, guarded, SETTINGS)] == [2]
+    sessions = policy.JobOverride("ord*", warmup_horizon_s=3600.0)
+    assert step({}, rows, scores, guarded, SETTINGS.with_overrides([sessions])) == []
+    # A configured limit the growth reaches within the horizon: a leak at once, with its forecast.
+    limited = SETTINGS.with_overrides([policy.JobOverride("orders", warmup_horizon_s=3600.0, state_limit_bytes=2_000_000)])
+    opened = step({}, rows, scores, guarded, limited)[0]
+    assert (opened["event"], opened["updated_at"]) == ("opened", 0)
+    assert opened["forecast"] == {"metric": "state_size_bytes", "limit_source": "config", "limit": 2_000_000,
+                                  "eta_ms": 180_000}
+    # The first override that matches wins; a muted family opens nothing.
+    muted = SETTINGS.with_overrides([policy.JobOverride("orders", mute=("state_leak",)),
+                                     policy.JobOverride("*", warmup_horizon_s=1.0)])
+    assert step({}, rows, scores, guarded, muted) == []
+    assert muted.for_job("orders").warmup_horizon_s == SETTINGS.warmup_horizon_s
+    assert muted.for_job("payments").warmup_horizon_s == 1.0
 
 
 def test_silent_jobs_with_nothing_open_are_forgotten():

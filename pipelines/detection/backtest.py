@@ -1,0 +1,208 @@
+"""``sentinel evaluate``: replay labelled runs through the live pipeline and judge every run.
+
+Each run of a dataset split (the simulator's or the lab's layout) is replayed exactly as
+``sentinel replay`` does (validation, features, the champions, their post-rules, the incident
+policy), and, on the same feature rows through the same policy, by the static alarms operators
+use today. Both are judged run by run by :func:`pipelines.detection.report.compare`. The report
+is a table per run (expected families, what was found and how soon, false incidents, whether the
+right vertex was named), per-family totals next to the baseline, and a plot per run of its
+decisive metric over time with the onset and the incidents marked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from models.evaluation import replay_incidents, static_alarms, truth_overrides
+from models.registry import LoadedDetector
+from pipelines.config import JobOverride as JobOverrideConfig
+from pipelines.config import SentinelConfig
+from pipelines.datasets import dataset_files, read_truths
+from pipelines.detection.policy import PolicySettings
+from pipelines.detection.report import Comparison, RunOutcome, compare
+from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, FAMILIES, SKEW, STATE_LEAK
+
+# What each family's plot shows (the vertex of the fault where it has one).
+DECISIVE = {
+    STATE_LEAK: ("vertex_state_size_bytes", "state (bytes)"),
+    BACKPRESSURE: ("others_backpressured_max", "upstream backpressured (ratio)"),
+    SKEW: ("records_in_hot_excess", "hot subtask's excess share"),
+    CHECKPOINT_FAILURE: ("checkpoint_failed_fraction", "failed share of recent checkpoints"),
+    "healthy": ("state_size_bytes", "state (bytes)"),
+}
+COLOURS = {STATE_LEAK: "tab:red", BACKPRESSURE: "tab:orange", SKEW: "tab:purple", CHECKPOINT_FAILURE: "tab:brown",
+           "anomaly": "tab:gray"}
+
+
+@dataclass
+class Evaluation:
+    split: str
+    comparison: Comparison
+    baseline: Comparison
+    rows: pd.DataFrame
+    incidents: list[dict]
+    baseline_incidents: list[dict]
+    versions: dict[str, str]
+    truths: list[dict]
+
+    def run_lines(self) -> list[str]:
+        header = (f"{'run':<58} {'expected':<34} {'found (delay s)':<40} {'false':<28} {'vertex':<7}"
+                  f" | {'static alarms: found':<28} false")
+        lines = [header, "-" * len(header)]
+        baseline = {r.job_id: r for r in self.baseline.runs}
+        for run in self.comparison.runs:
+            base = baseline[run.job_id]
+            lines.append(f"{run.run:<58.58} {', '.join(run.expected) or 'healthy':<34.34} {_found(run):<40.40} "
+                         f"{_false(run):<28.28} {_localised(run):<7} | {_found(base):<28.28} {len(base.false)}")
+        return lines
+
+    def family_lines(self) -> list[str]:
+        header = (f"{'family':<19} {'faults':>6} {'found':>6} {'recall':>7} {'on vertex':>9} {'median delay':>12}"
+                  f" {'false':>6} | {'static: found':>13} {'recall':>7} {'median delay':>12} {'false':>6}")
+        lines = [header, "-" * len(header)]
+        for family in (*FAMILIES, None):
+            m, b = self.comparison.metrics(family), self.baseline.metrics(family)
+            if family is not None and not m["faults"] and not m["false_incidents"] and not b["false_incidents"]:
+                continue
+            lines.append(f"{family or 'all':<19} {m['faults']:>6.0f} {m['faults_found']:>6.0f} {_pct(m['fault_recall']):>7}"
+                         f" {_pct(m['localised']):>9} {_sec(m['delay_s_median']):>12} {m['false_incidents']:>6.0f} |"
+                         f" {b['faults_found']:>13.0f} {_pct(b['fault_recall']):>7} {_sec(b['delay_s_median']):>12}"
+                         f" {b['false_incidents']:>6.0f}")
+        m, b = self.comparison.metrics(), self.baseline.metrics()
+        lines.append(f"healthy runs: {m['healthy_runs']:.0f}; false incidents per healthy run {_num(m['false_incidents_per_healthy_run'])}"
+                     f" (static alarms {_num(b['false_incidents_per_healthy_run'])}); false families on faulty runs "
+                     f"{m['false_families_on_faulty']:.0f} (static alarms {b['false_families_on_faulty']:.0f})")
+        return lines
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0%}"
+
+
+def _sec(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.0f}s"
+
+
+def _num(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def _found(run: RunOutcome) -> str:
+    found = [f"{f['family']}{'*' if f['as_symptom'] else ''} {f['delay_s']:.0f}" for f in run.found]
+    missed = [f"MISSED {m['family']}" for m in run.missed]
+    return ", ".join(found + missed) or "-"
+
+
+def _false(run: RunOutcome) -> str:
+    return ", ".join(f"{i['family']}@{i.get('vertex_name') or 'job'}" for i in run.false) or "-"
+
+
+def _localised(run: RunOutcome) -> str:
+    if not run.found:
+        return "-"
+    return "yes" if all(f["localised"] for f in run.found) else "NO"
+
+
+def config_with_truth_overrides(config: SentinelConfig, truths: Sequence[dict]) -> SentinelConfig:
+    """The config plus the operator knowledge a dataset declares per job (its ground truth's
+    warm-up horizons), tried before the configured overrides."""
+    declared = [JobOverrideConfig(job_name=o.job_name, warmup_horizon_s=o.warmup_horizon_s)
+                for o in truth_overrides(truths)]
+    if not declared:
+        return config
+    copy = config.model_copy(deep=True)
+    copy.detection.job_overrides = declared + list(config.detection.job_overrides)
+    return copy
+
+
+def evaluate_dataset(spark, config: SentinelConfig, dataset: Path, split: str,
+                     models: dict[str, LoadedDetector]) -> Evaluation:
+    """Replay one split of a dataset with ``models`` and with the static alarms; judge both."""
+    from pipelines.detection.job import replay
+
+    events, truth_files = dataset_files(dataset, (split,))
+    if not events:
+        raise FileNotFoundError(f"{dataset} has no {split} split")
+    truths = read_truths(truth_files)
+    config = config_with_truth_overrides(config, truths)
+    result = replay(spark, config, events, models)
+    settings = PolicySettings.from_config(config)
+    baseline_incidents = replay_incidents(result.rows, static_alarms(), settings) if len(result.rows) else []
+    return Evaluation(split, compare(truths, result.incidents), compare(truths, baseline_incidents), result.rows,
+                      result.incidents, baseline_incidents, {f: m.version for f, m in models.items()}, truths)
+
+
+def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
+    """``index.md`` with the tables, ``results.json`` with every run's outcome, ``plots/*.png``."""
+    directory = Path(directory)
+    (directory / "plots").mkdir(parents=True, exist_ok=True)
+    sections = [f"# {title}", "",
+                f"Split `{evaluation.split}`, {len(evaluation.comparison.runs)} runs; models: "
+                + ", ".join(f"{f} v{v}" for f, v in sorted(evaluation.versions.items())), "",
+                "## Per family (the champions | the static alarms, through the same policy)", "", "```",
+                *evaluation.family_lines(), "```", "",
+                "## Per run (`*`: found as a symptom of its cause's incident; delay from the labelled onset)", "",
+                "```", *evaluation.run_lines(), "```", "", "## Runs", ""]
+    for run in evaluation.comparison.runs:
+        path = _plot_run(evaluation, run, directory / "plots")
+        sections += [f"### {run.run}", "", f"expected: {', '.join(run.expected) or 'healthy'}; found: {_found(run)};"
+                     f" false: {_false(run)}", "", f"![{run.run}](plots/{path.name})", ""]
+    (directory / "index.md").write_text("\n".join(sections) + "\n")
+    results = {"split": evaluation.split, "versions": evaluation.versions,
+               "metrics": {f or "all": evaluation.comparison.metrics(f) for f in (*FAMILIES, None)},
+               "baseline_metrics": {f or "all": evaluation.baseline.metrics(f) for f in (*FAMILIES, None)},
+               "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,
+                         "missed": r.missed, "false": [_brief(i) for i in r.false], "false_families": r.false_families}
+                        for r in evaluation.comparison.runs]}
+    (directory / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return directory / "index.md"
+
+
+def _brief(incident: dict) -> dict:
+    return {k: incident.get(k) for k in ("incident_id", "family", "vertex_name", "opened_at", "summary")}
+
+
+def _plot_run(evaluation: Evaluation, run: RunOutcome, directory: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = evaluation.rows[evaluation.rows["job_id"] == run.job_id]
+    family = run.expected[0] if run.expected else "healthy"
+    column, label = DECISIVE.get(family, DECISIVE["healthy"])
+    fault_vertex = next((f.get("vertex_name") for f in run.found + run.missed if f.get("vertex_name")), None)
+    if column.startswith(("vertex_", "others_", "records_in")) and fault_vertex:
+        series = rows[rows["vertex_name"] == fault_vertex]
+    elif column.startswith(("vertex_", "others_", "records_in")):
+        series = rows[rows["vertex_id"].notna()].sort_values(column).groupby("ts", as_index=False).last()
+    else:
+        series = rows[rows["vertex_id"].isna()]
+    series = series.sort_values("ts")
+    start = rows["ts"].min() if len(rows) else 0
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.plot((series["ts"] - start) / 1000.0, series[column], color="black", linewidth=1, label=label)
+    ax.set_xlabel("seconds since the job was first seen")
+    ax.set_ylabel(label)
+    ax.set_title(f"{run.run} ({', '.join(run.expected) or 'healthy'})", fontsize=9)
+    truth = next(t for t in evaluation.truths if t["job_id"] == run.job_id)
+    for onset in sorted({f["onset_ts"] for f in truth.get("faults") or []}):
+        ax.axvline((onset - start) / 1000.0, color="green", linestyle="--", linewidth=1)
+    for incidents, style in ((evaluation.incidents, "-"), (evaluation.baseline_incidents, ":")):
+        for incident in incidents:
+            if incident["job_id"] == run.job_id and incident["event"] == "opened":
+                ax.axvline((incident["opened_at"] - start) / 1000.0, color=COLOURS.get(incident["family"], "blue"),
+                           linestyle=style, linewidth=1.5 if style == "-" else 1)
+    ax.text(0.01, 0.95, "green --: onset; solid: incident opened (colour = family); dotted: static alarm",
+            transform=ax.transAxes, fontsize=7, va="top")
+    fig.tight_layout()
+    path = directory / f"{run.run.replace('/', '_')}.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
