@@ -211,6 +211,28 @@ class LocalFlinkCluster:
         raise FlinkClusterError(f"the Flink cluster was not ready within {lab.startup_timeout_s:.0f}s; "
                                 f"see the logs in {self.log_dir}")
 
+    def taskmanager_alive(self) -> bool:
+        """False once the TaskManager process has died (it can, under a job: a native crash). A
+        JobManager too busy to answer says nothing about it: the process is what counts."""
+        return self._running("taskmanager") is not None
+
+    def restart_taskmanager(self, timeout_s: float = 60.0) -> str:
+        """Start a new TaskManager after the old one died; waits until its slots are offered."""
+        record = self._running("taskmanager")
+        if record is not None:
+            stop_process_group(record["pid"])
+        self._record_path("taskmanager").unlink(missing_ok=True)
+        record = self._spawn("taskmanager", "taskmanager.sh", "TaskManagerRunner")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _pid_alive(record["pid"]):
+                raise FlinkClusterError(f"the restarted Flink taskmanager exited; see {self.log_dir}:\n{_tail(record['log'])}")
+            overview = self.overview()
+            if overview and overview.get("taskmanagers"):
+                return f"Flink taskmanager restarted (pid {record['pid']})"
+            time.sleep(0.5)
+        raise FlinkClusterError(f"the restarted Flink taskmanager did not register within {timeout_s:.0f}s")
+
     def pids(self) -> dict[str, int]:
         """The PIDs of the running JobManager and TaskManager (the Python workers are their children)."""
         return {name: record["pid"] for name in ("jobmanager", "taskmanager") if (record := self._running(name))}
@@ -246,6 +268,19 @@ class LocalFlinkCluster:
 
     def cancel(self, job_id: str) -> None:
         self._request("PATCH", f"/jobs/{job_id}?mode=cancel")
+
+    def stop_with_savepoint(self, job_id: str) -> bool:
+        """Stop a job the way a deployment does: sources stop, a savepoint is taken, tasks finish.
+        Unlike a cancel, no task is torn down while its Python worker still uses its state
+        (cancelling a PyFlink job on RocksDB can crash the TaskManager). False if Flink refused."""
+        body = json.dumps({"targetDirectory": (self.root / "savepoints").as_uri(), "drain": False}).encode()
+        request = urllib.request.Request(f"{self.rest_url}/jobs/{job_id}/stop", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5.0) as response:
+                return response.status < 300
+        except (urllib.error.URLError, OSError):
+            return False
 
     def running_jobs(self) -> list[str]:
         """The ids of the jobs that have not ended."""

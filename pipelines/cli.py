@@ -336,6 +336,22 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stop_on_signals():
+    """An event SIGTERM and SIGINT set, so a lab session cancels its jobs and stops its cluster."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+
+    def request_stop(signum, frame):
+        print(f"\n{signal.Signals(signum).name}: stopping after this poll", flush=True)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
+
+
 def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -355,7 +371,7 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
                       f"{'recorded' if v.run_id in done else ''}")
             return 0
         runs = lab.run_grid(config, variants, dataset, concurrency=args.concurrency,
-                            publish_to_kafka=args.kafka)
+                            publish_to_kafka=args.kafka, stop=_stop_on_signals())
         print(f"grid {args.grid}: {len(runs)} runs recorded in {dataset}")
         return 0
     if args.list:
@@ -369,7 +385,7 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
         raise UsageError(f"unknown lab scenario {args.scenario!r}; `sentinel lab --list` shows them")
     run = lab.run_lab(config, args.scenario, duration=args.duration, split=args.split,
                       dataset=Path(args.dataset) if args.dataset else None, publish_to_kafka=not args.no_kafka,
-                      keep_cluster=args.keep_cluster)
+                      keep_cluster=args.keep_cluster, stop=_stop_on_signals())
     print(run.summary())
     return 0
 

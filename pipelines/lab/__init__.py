@@ -65,6 +65,37 @@ def recorded_runs(dataset: Path) -> set[str]:
     return set(lab_manifest(dataset).get("runs", {}))
 
 
+def remove_runs(dataset: Path, run_ids: Sequence[str]) -> list[str]:
+    """Take runs out of a dataset folder (events, ground truth, manifest); returns those removed."""
+    manifest = lab_manifest(dataset)
+    runs = manifest.get("runs", {})
+    gone = [r for r in run_ids if r in runs]
+    for split in {runs[r]["split"] for r in gone}:
+        jobs = {runs[r]["job_id"] for r in gone if runs[r]["split"] == split}
+        path = datasets.events_path(dataset, split)
+        write_jsonl(path, [e for e in read_jsonl(path) if e["job_id"] not in jobs])
+        truth_path = dataset / split / "ground_truth.jsonl"
+        truths = [t for t in read_jsonl(truth_path) if t["job_id"] not in jobs]
+        write_jsonl(truth_path, truths)
+        manifest["splits"][split] = {"jobs": len(truths), "events": sum(1 for _ in read_jsonl(path)),
+                                     "job_ids": sorted(t["job_id"] for t in truths)}
+    for run_id in gone:
+        del runs[run_id]
+    (dataset / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return gone
+
+
+def unsound(variant: LabVariant, events: Sequence[dict]) -> str | None:
+    """Why a recorded run does not show its scenario (the lab failed, not the job), or None."""
+    completed = sum(1 for e in events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED")
+    if completed < 3:
+        return f"only {completed} completed checkpoints"
+    restarts = max((e["num_restarts"] for e in events if e["kind"] == "job_status"), default=0)
+    if restarts and not variant.job_args.get("fail-after-s") and "fail-onset-ms" not in variant.onset_args:
+        return f"{restarts} restarts the scenario does not cause"
+    return None
+
+
 def record_run(dataset: Path, split: str, events: list[dict], truth: dict, info: dict | None = None) -> None:
     """Add one run to the dataset folder: its events merged in time order into the split's
     events, one ground-truth line, and its entry in the manifest (a run recorded again replaces itself)."""
@@ -182,6 +213,7 @@ class _Active:
     deadline: float  # monotonic
     cancelled_at: int | None = None
     cancel_deadline: float | None = None
+    stop_requested: float | None = None
     outage_blocked: bool = False
 
 
@@ -219,6 +251,7 @@ class LabSession:
         pending = list(variants)
         active: dict[str, _Active] = {}
         done: list[LabRun] = []
+        retried: set[str] = set()
         submitting: tuple[LabVariant, int, Future] | None = None
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flink-submit")
         try:
@@ -253,13 +286,32 @@ class LabSession:
                     raise LabError(f"the lab cluster stopped answering: {result.errors[0]}")
                 elapsed = time.monotonic() - started
                 self.progress(f"  {elapsed:6.0f}s  {len(active)} running, {len(pending)} waiting; {result.line()}")
+                if (active or submitting) and not cluster.taskmanager_alive():
+                    # The TaskManager died under the jobs (a native crash): what ran on it is not
+                    # the scenario any more. Start a new one and run those variants again.
+                    self.progress(f"  the TaskManager died; {cluster.restart_taskmanager()}; running "
+                                  f"{', '.join(r.variant.run_id for r in active.values()) or 'nothing'} again")
+                    for job_id, run in list(active.items()):
+                        cluster.cancel(job_id)
+                        self._unblock_storage(cluster, run)
+                        by_job.pop(job_id, None)
+                        pending.insert(0, run.variant)
+                    active.clear()
+                    continue
                 for job_id, run in list(active.items()):
                     self._storage_outage(cluster, run)
                     finished = self._advance(cluster, run, by_job.get(job_id, []))
                     if finished:
                         del active[job_id]
-                        done.append(self._record(run, by_job.pop(job_id, [])))
-                        self.progress(done[-1].summary())
+                        events = by_job.pop(job_id, [])
+                        problem = unsound(run.variant, events)
+                        if problem and run.variant.run_id not in retried:
+                            retried.add(run.variant.run_id)
+                            pending.insert(0, run.variant)
+                            self.progress(f"  {run.variant.run_id}: {problem}; running it again")
+                            continue
+                        done.append(self._record(run, events))
+                        self.progress(done[-1].summary() + (f" (recorded although {problem})" if problem else ""))
                 self.stop.wait(max(0.0, settings.interval_s - (time.monotonic() - poll_started)))
             return done
         finally:
@@ -298,9 +350,15 @@ class LabSession:
         if run.cancelled_at is None:
             if now >= run.deadline:
                 self._unblock_storage(cluster, run)
-                cluster.cancel(run.job_id)
-                run.cancelled_at, run.cancel_deadline = int(time.time() * 1000), now + 45
+                if cluster.stop_with_savepoint(run.job_id):
+                    run.stop_requested = now
+                else:
+                    cluster.cancel(run.job_id)
+                run.cancelled_at, run.cancel_deadline = int(time.time() * 1000), now + 60
             return False
+        if run.stop_requested is not None and now - run.stop_requested > 30:
+            cluster.cancel(run.job_id)  # the savepoint could not be taken (failing checkpoints): cancel
+            run.stop_requested = None
         terminal = any(e["kind"] == "job_status" and e["state"] in ("CANCELED", "FINISHED", "FAILED") for e in events)
         return terminal or now >= run.cancel_deadline
 

@@ -131,12 +131,18 @@ def assign_splits(variants: list[LabVariant], seed: int = SPLIT_SEED, fractions=
 
 
 def corpus(only: str | None = None) -> list[LabVariant]:
-    """The corpus' variants with their splits, optionally those whose run id matches ``only`` (a glob)."""
+    """The corpus' variants with their splits, optionally those whose run id matches ``only`` (a
+    glob), interleaved across scenarios: a grid stopped half-way has recorded some of each."""
     variants = assign_splits(_variants())
     ids = [v.run_id for v in variants]
     if len(set(ids)) != len(ids):
         raise ValueError("two corpus variants share a run id")
-    return [v for v in variants if only is None or fnmatch(v.run_id, only)]
+    by_scenario: dict[str, list[LabVariant]] = {}
+    for variant in variants:
+        by_scenario.setdefault(variant.scenario, []).append(variant)
+    interleaved = [group[i] for i in range(max(map(len, by_scenario.values())))
+                   for group in by_scenario.values() if i < len(group)]
+    return [v for v in interleaved if only is None or fnmatch(v.run_id, only)]
 
 
 GRIDS = {"corpus": corpus}
