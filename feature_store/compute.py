@@ -109,7 +109,7 @@ class JobFeatureProcessor(StatefulProcessor):
     def _consume(self, stored: dict, events: list[dict]) -> list[dict]:
         machine = JobFeatureState(**stored["machine"]) if stored["machine"] else JobFeatureState()
         rows = machine.consume_all(events, self.idle_timeout_ms)
-        stored["machine"] = machine.__dict__
+        stored["machine"] = machine.to_dict()
         return rows
 
     def handleInputRows(self, key, rows: Iterator[Row], timerValues) -> Iterator[Row]:

@@ -61,11 +61,14 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] 
     if n < 3:
         return None
     mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
+    sxx = sxy = syy = 0.0
+    for x, y in zip(xs, ys):  # one pass: this runs for every vertex at every evaluation
+        dx, dy = x - mx, y - my
+        sxx += dx * dx
+        sxy += dx * dy
+        syy += dy * dy
     if sxx == 0:
         return None
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    syy = sum((y - my) ** 2 for y in ys)
     slope = sxy / sxx
     r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
     return slope, r2
@@ -95,9 +98,9 @@ def deceleration(points: Sequence[Sequence[float]]) -> float | None:
     return late[0] / early[0]
 
 
-def state_trends(short: Sequence[Sequence[float]], long: Sequence[Sequence[float]]) -> tuple:
-    """(relative slope, R^2) over the short window, the same over the long one, and deceleration."""
-    return (*relative_trend(short), *relative_trend(long), deceleration(long))
+def long_trends(long: Sequence[Sequence[float]]) -> tuple:
+    """(relative slope, R^2) over the long horizon, and deceleration."""
+    return (*relative_trend(long), deceleration(long))
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -192,7 +195,23 @@ class JobFeatureState:
     flat_seen: dict = field(default_factory=dict)  # JOB or vid: 1.0 once its state held a plateau
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
 
+    def __post_init__(self) -> None:
+        # Long-horizon fits change only when the thinned long buffer does (every ~22 s), not at
+        # every evaluation: kept here, outside the state (a reload just computes them again).
+        self._long_cache: dict = {}
+
+    def _long_trends(self, key: str, points: list) -> tuple:
+        stamp = (len(points), points[-1][0] if points else None, points[0][0] if points else None)
+        cached = self._long_cache.get(key)
+        if cached is None or cached[0] != stamp:
+            cached = self._long_cache[key] = (stamp, long_trends(points))
+        return cached[1]
+
     # --- persistence ---------------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        """The state's fields (a cheap, shallow view for JSON; no caches)."""
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -206,13 +225,14 @@ class JobFeatureState:
     def is_idle_at(self, ts: int, idle_timeout_ms: int) -> bool:
         return self.last_seen_ts is not None and ts - self.last_seen_ts > idle_timeout_ms
 
-    def consume(self, event: dict, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> list[dict] | None:
+    def consume(self, event: dict, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+                order_key: tuple | None = None) -> list[dict] | None:
         """Apply one event; return the feature rows it triggers (none for vertex metrics).
 
         Events must come in :func:`event_order_key` order; one at or before the last consumed
         (a duplicate delivery, or out of order) is ignored and reported by returning ``None``.
         """
-        key = list(event_order_key(event))
+        key = list(order_key or event_order_key(event))
         if self.last_key is not None and key <= self.last_key:
             return None
         ts = key[0]
@@ -237,8 +257,9 @@ class JobFeatureState:
     def consume_all(self, events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> list[dict]:
         """Consume events in event-time order (sorting them first); the feature rows they trigger."""
         rows: list[dict] = []
-        for event in sorted(events, key=event_order_key):
-            produced = self.consume(event, idle_timeout_ms)
+        # The order key hashes the event's JSON for ties: computed once per event.
+        for order_key, event in sorted(((event_order_key(e), e) for e in events), key=lambda pair: pair[0]):
+            produced = self.consume(event, idle_timeout_ms, order_key)
             if produced:
                 rows.extend(produced)
         return rows
@@ -377,8 +398,8 @@ class JobFeatureState:
         short = [[e[0], e[1]] for e in self.completed]
         long = [[e[0], e[1]] for e in self.completed_long]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
-        (f["state_rel_slope_per_h"], f["state_r2"], f["state_rel_slope_long_per_h"], f["state_r2_long"],
-         f["state_deceleration"]) = state_trends(short, long)
+        f["state_rel_slope_per_h"], f["state_r2"] = relative_trend(short)
+        f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(JOB, long)
         f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
         f["state_flat_seen"] = self.flat_seen.get(JOB, 0.0) if self.completed else None
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
@@ -440,8 +461,9 @@ class JobFeatureState:
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
         f["vertex_state_over_prior_max"] = _over(f["vertex_state_size_bytes"], self.retired_max.get(vid))
         f["vertex_state_flat_seen"] = self.flat_seen.get(vid, 0.0) if short else None
-        (f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"], f["vertex_state_rel_slope_long_per_h"],
-         f["vertex_state_r2_long"], f["vertex_state_deceleration"]) = state_trends(short, long)
+        f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
+        (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
+         f["vertex_state_deceleration"]) = self._long_trends(vid, long)
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None

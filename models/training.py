@@ -42,13 +42,14 @@ from models.validation import TrainingSetInvalid, validate_training_set
 from pipelines.config import SentinelConfig
 from pipelines.detection.policy import PolicySettings
 from pipelines.detection.report import Comparison
-from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, FAMILIES, STATE_LEAK,
+from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EXPLAINED_BY, FAMILIES, STATE_LEAK,
                                 SUPERVISED)
 
 DEFAULT_GRID = {"learning_rate": (0.05, 0.15), "max_depth": (3, 6)}
 ANOMALY_GRID = {"n_estimators": (100, 300)}  # the novelty detector has other knobs
 CALIBRATION_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
+ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # The guards each family's rule carries, written from what operators know:
 # * a leak decision on a job younger than its warm-up horizon needs growth after a plateau or
 #   its limit in sight (the horizon itself comes from the config);
@@ -170,10 +171,9 @@ def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
 
 
 def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings, seed: int, grid: dict,
-                 chosen: dict[str, LoadedDetector], progress: Progress) -> Candidate:
+                 progress: Progress) -> Candidate:
     """Fit the grid on the train runs, keep the best by validation average precision, and
-    calibrate its post-rule on the validation runs at incident level. ``chosen``: the models of
-    the families trained before this one (the anomaly rule is calibrated with them in place)."""
+    calibrate its post-rule on the validation runs at incident level."""
     level = FAMILY_LEVEL[family]
     train = fit_rows(rows_for(splits["train"].rows, level), family, settings)
     validation_rows = rows_for(splits["validation"].rows, level)
@@ -188,43 +188,49 @@ def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings,
         if best is None or ap > best[0]:
             best = (ap, detector)
     detector = best[1]
-    rule, quality = calibrate_for_incidents(family, detector, splits["validation"], settings, chosen)
+    rule, quality = calibrate_for_incidents(family, detector, splits["validation"], settings)
     progress(f"  {family}: {rule} -> validation {quality}")
     return Candidate(family, detector, rule, quality)
 
 
-def calibrate_for_incidents(family: str, detector, validation: Runs, settings: PolicySettings,
-                            chosen: dict[str, LoadedDetector]) -> tuple[PostRule, dict]:
+def calibrate_for_incidents(family: str, detector, validation: Runs, settings: PolicySettings) -> tuple[PostRule, dict]:
     """The post-rule whose incidents on the validation runs serve on-call best.
 
-    Each candidate is replayed through the policy and judged run by run. A supervised family is
-    judged alone (false incidents on runs with one of its causes are left to the full policy);
-    it should find the most faults net of false incidents, then raise the fewest, then find
-    them soonest. The anomaly rule is replayed with every other family in place (anomalies are
-    what they do not explain) and should open no incident, then decide the most faulty rows.
+    Each candidate is replayed through the policy and judged run by run, its family alone:
+    false incidents on runs with one of its causes are left to the full policy (which folds them
+    into the cause). A supervised family should find the most faults net of false incidents,
+    then raise the fewest, then find them soonest. The anomaly rule, whose incidents can only be
+    false, should open none where nothing explains it, then decide the most faulty rows.
     """
     level = FAMILY_LEVEL[family]
     rows = validation.rows.reset_index(drop=True)
     judged_rows = rows_for(rows, level)
     base = LoadedDetector(f"candidate-{family}", "candidate", "challenger", detector, None, {})
-    others = {f: m for f, m in chosen.items() if f != family} if family == ANOMALY else {}
-    scores = _scores(rows, {**others, family: base})
+    scores = _scores(rows, {family: base})
     truth_settings = settings.with_overrides(truth_overrides(validation.truths))
     guards = POST_RULE_GUARDS.get(family, {})
     horizon = judged_rows["job_name"].map(lambda n: truth_settings.for_job(n).warmup_horizon_s).to_numpy(dtype="float64")
     family_scores = scores[scores["family"] == family].set_index("row")["score"].reindex(judged_rows.index)
+    thresholds = CALIBRATION_THRESHOLDS
+    if family == ANOMALY:
+        # Novelty scores crowd a narrow band: try the top quantiles of the healthy rows' scores too.
+        healthy = family_scores[(judged_rows["label"] == "healthy").to_numpy()].dropna()
+        if len(healthy):
+            thresholds = tuple(sorted(set(thresholds) | {round(float(q), 4) for q in
+                                                         np.quantile(healthy, ANOMALY_QUANTILES)}))
     best = None
-    for threshold, (k, n) in product(CALIBRATION_THRESHOLDS, CALIBRATION_PERSISTENCE):
+    for threshold, (k, n) in product(thresholds, CALIBRATION_PERSISTENCE):
         rule = PostRule(threshold, k, n, **guards)
-        models = {**others, family: LoadedDetector(base.name, base.version, base.alias, detector, rule, {})}
+        models = {family: LoadedDetector(base.name, base.version, base.alias, detector, rule, {})}
         comparison = judge(validation, models, settings, scores)
         m = comparison.metrics(family)
         if family == ANOMALY:
             decided = rule.decisions(judged_rows.assign(score=family_scores.to_numpy()), horizon_s=horizon)
             recall = row_metrics(judged_rows.assign(label=np.where(positives(judged_rows, ANOMALY), ANOMALY, "healthy")),
                                  decided.to_numpy(), ANOMALY)["recall"]
-            key = (-m["false_incidents"], recall)
-            quality = {"false_incidents": m["false_incidents"], "faulty_row_recall": round(recall, 3)}
+            false = m["false_incidents"] - excused_false(comparison, family)
+            key = (-false, recall)
+            quality = {"false_incidents": false, "faulty_row_recall": round(recall, 3)}
         else:
             false = m["false_incidents"] - excused_false(comparison, family)
             delay = m["delay_s_median"]
@@ -350,12 +356,10 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     if gate_runs.empty:
         gate_runs, gate_name = splits["validation"], "validation runs"
     candidates: dict[str, Candidate] = {}
-    chosen = dict(held)
-    for family in (f for f in EVALUATION_ORDER if f in families):
+    for family in families:
         progress(f"training {family} ({len(rows_for(splits['train'].rows, FAMILY_LEVEL[family]))} rows)")
         family_grid = ANOMALY_GRID if family == ANOMALY and grid is DEFAULT_GRID else grid
-        candidates[family] = train_family(family, splits, settings, seed, family_grid, chosen, progress)
-        chosen[family] = candidates[family].loaded()
+        candidates[family] = train_family(family, splits, settings, seed, family_grid, progress)
     challengers = {family: c.loaded() for family, c in candidates.items()}
     # Every family's new model together, the others' champions where they were not retrained.
     everything = {**held, **challengers}

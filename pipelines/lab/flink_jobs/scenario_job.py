@@ -116,6 +116,7 @@ class KeyedState(KeyedProcessFunction):
 
     def on_timer(self, timestamp, ctx):
         self.latest.clear()
+        return iter(())  # PyFlink iterates what a timer emits: nothing here
 
 
 class WindowContents(ProcessWindowFunction):
