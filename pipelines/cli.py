@@ -245,15 +245,19 @@ def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
+    import tempfile
     from pathlib import Path
 
+    from pipelines.datasets import subset
     from pipelines.detection.backtest import evaluate_dataset, write_report
     from pipelines.spark_session import build_spark
 
     dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
     cache = _require_champions(config)
     spark = build_spark(config, "evaluate")
-    evaluation = evaluate_dataset(spark, config, dataset, args.split, cache.models)
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = subset(dataset, args.run, Path(tmp) / dataset.name) if args.run else dataset
+        evaluation = evaluate_dataset(spark, config, chosen, args.split, cache.models)
     for line in evaluation.run_lines() + [""] + evaluation.family_lines():
         print(line)
     out = Path(args.report) if args.report else Path(config.state_dir) / "reports" / f"evaluate-{dataset.name}-{args.split}"
@@ -455,6 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "lab.corpus_dir)")
     evaluate.add_argument("--split", default="test", choices=["train", "validation", "test"], help="default test")
     evaluate.add_argument("--report", metavar="DIR", help="report folder (default <state_dir>/reports/...)")
+    evaluate.add_argument("--run", action="append", metavar="RUN_ID", help="only this run (a lab run id or a job "
+                                                                          "name; repeatable)")
     evaluate.set_defaults(handler=_cmd_evaluate)
 
     run = commands.add_parser("run", help="the detection job: input topic -> features -> models -> incident topic")

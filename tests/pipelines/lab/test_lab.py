@@ -177,3 +177,43 @@ def test_a_recorded_lab_run_is_a_training_set(spark, tmp_path):
     keyed = rows[rows["vertex_name"] == "keyed-state"]
     assert len(keyed) > 0 and set(keyed["label"]) == {"state_leak"}
     assert set(rows["job_id"]) == {job_id}
+
+
+def test_a_run_that_does_not_show_its_scenario_is_unsound_and_can_be_taken_out(tmp_path):
+    job_id = "d" * 32
+    statuses = [{"kind": "job_status", "job_id": job_id, "ts": ts, "num_restarts": r} for ts, r in ((1, 0), (2, 3))]
+    checkpoints = [_checkpoint(job_id, ts) for ts in (10, 20, 30)]
+    healthy = lab.scenario("healthy_ttl", 240)
+    assert lab.unsound(healthy, checkpoints[:2]) == "only 2 completed checkpoints"
+    assert lab.unsound(healthy, checkpoints + statuses) == "3 restarts the scenario does not cause"
+    assert lab.unsound(lab.scenario("restart_loop", 240), checkpoints + statuses) is None  # its restarts are the fault
+
+    events = [_vertex_event(job_id, ts, [1.0]) for ts in (10, 20)]
+    lab.record_run(tmp_path, "train", events, lab.ground_truth(healthy, job_id, "j", events, 0, 0),
+                   {"run_id": "crashed", "split": "train", "job_id": job_id})
+    other = [_vertex_event("e" * 32, 15, [1.0])]
+    lab.record_run(tmp_path, "train", other, lab.ground_truth(healthy, "e" * 32, "j", other, 0, 0),
+                   {"run_id": "fine", "split": "train", "job_id": "e" * 32})
+    assert lab.remove_runs(tmp_path, ["crashed", "never-recorded"]) == ["crashed"]
+    from pipelines.datasets import read_jsonl
+
+    assert {e["job_id"] for e in read_jsonl(tmp_path / "train" / "events.jsonl.gz")} == {"e" * 32}
+    assert lab.recorded_runs(tmp_path) == {"fine"}
+    assert json.loads((tmp_path / "manifest.json").read_text())["splits"]["train"]["jobs"] == 1
+
+
+def test_a_dataset_subset_keeps_only_the_named_runs_in_their_splits(tmp_path):
+    from pipelines.datasets import dataset_files, read_jsonl, subset
+
+    variant = lab.scenario("healthy_ttl", 240)
+    for split, job_id, run_id in (("train", "a" * 32, "one"), ("test", "b" * 32, "two"), ("test", "c" * 32, "three")):
+        events = [_vertex_event(job_id, 10, [1.0])]
+        truth = {**lab.ground_truth(variant, job_id, "j", events, 0, 0), "run_id": run_id}
+        lab.record_run(tmp_path / "all", split, events, truth, {"run_id": run_id})
+    subset(tmp_path / "all", ["two"], tmp_path / "some")
+    events, truths = dataset_files(tmp_path / "some")
+    assert [p.parent.name for p in events] == ["test"]
+    assert [t["run_id"] for t in read_jsonl(truths[0])] == ["two"]
+    assert {e["job_id"] for e in read_jsonl(events[0])} == {"b" * 32}
+    with pytest.raises(ValueError, match="has no run four"):
+        subset(tmp_path / "all", ["two", "four"], tmp_path / "none")
