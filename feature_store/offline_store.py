@@ -10,6 +10,7 @@ nothing from after the prediction time leaks into a training row.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Sequence
 
@@ -61,13 +62,44 @@ def read_event_files(spark: SparkSession, paths: Sequence[str | Path]) -> DataFr
 
 def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: str | Path,
              idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> int:
-    """Compute features from recorded events with the batch path and write them to the store."""
+    """Compute features from recorded events with the batch path and write them to the store;
+    ``root/_source.json`` remembers what they were computed from (:func:`backfilled_from`)."""
     features = batch_features(read_event_files(spark, event_paths), idle_timeout_ms).cache()
     try:
         write_features(features, root)
+        (Path(root) / SOURCE_FILE).write_text(json.dumps(_source(event_paths, idle_timeout_ms)))
         return features.count()
     finally:
         features.unpersist()
+
+
+SOURCE_FILE = "_source.json"
+
+
+def _source(event_paths: Sequence[str | Path], idle_timeout_ms: int) -> dict:
+    from feature_store.definitions import FEATURE_NAMES
+
+    return {"files": sorted([str(Path(p).resolve()), Path(p).stat().st_size, Path(p).stat().st_mtime_ns]
+                            for p in event_paths),
+            "idle_timeout_ms": idle_timeout_ms, "features": list(FEATURE_NAMES), "code": _code_version()}
+
+
+def _code_version() -> str:
+    """A fingerprint of the feature computation's code: features computed by other code are stale."""
+    import hashlib
+
+    from feature_store import job_features
+
+    return hashlib.sha256(Path(job_features.__file__).read_bytes()).hexdigest()[:16]
+
+
+def backfilled_from(root: str | Path, event_paths: Sequence[str | Path], idle_timeout_ms: int) -> bool:
+    """Whether ``root`` holds features computed by this code from exactly these event files."""
+    marker = Path(root) / SOURCE_FILE
+    try:
+        return json.loads(marker.read_text()) == json.loads(json.dumps(_source(event_paths, idle_timeout_ms)))
+    except (OSError, ValueError):
+        return False
 
 
 def read_truth_lines(path: str | Path) -> list[dict]:

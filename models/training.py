@@ -151,8 +151,11 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
     for dataset in dataset_dirs:
         store = Path(config.features.offline_path) / "datasets" / Path(dataset).name
         events, _ = offline_store.dataset_files(dataset)
-        progress(f"computing features of {dataset} into {store}")
-        offline_store.backfill(spark, events, store, config.features.idle_timeout_ms)
+        if offline_store.backfilled_from(store, events, config.features.idle_timeout_ms):
+            progress(f"features of {dataset} are in {store} already")
+        else:
+            progress(f"computing features of {dataset} into {store}")
+            offline_store.backfill(spark, events, store, config.features.idle_timeout_ms)
         for split in ("train", "validation", "test"):
             truth_path = Path(dataset) / split / "ground_truth.jsonl"
             if truth_path.is_file():

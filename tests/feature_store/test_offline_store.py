@@ -106,6 +106,12 @@ def test_training_set_from_a_simulated_dataset(spark, tmp_path):
         elif not faults or r.ts < faults[0]["onset_ts"]:
             assert r.label == "healthy" and r.onset_ts is None
     assert {r.label for r in rows} == {"healthy", "state_leak"}
+    # The store remembers what it was computed from: retraining skips an unchanged dataset, not a changed one.
+    assert offline_store.backfilled_from(tmp_path / "store", events, offline_store.DEFAULT_IDLE_TIMEOUT_MS)
+    assert not offline_store.backfilled_from(tmp_path / "store", events, 60_000)
+    with open(events[0], "a") as more:
+        more.write("\n")
+    assert not offline_store.backfilled_from(tmp_path / "store", events, offline_store.DEFAULT_IDLE_TIMEOUT_MS)
 
 
 def test_a_folder_without_a_manifest_is_not_a_dataset(tmp_path):
