@@ -21,11 +21,13 @@ LONG_WINDOW_MS = 90 * 60_000
 METRIC_POLLS_AVERAGED = 4
 RESTART_WINDOW_MS = 30 * 60_000
 FAILURE_COUNT_WINDOW_MS = 2 * 60_000
-# A plateau: at least FLAT_MIN_POINTS completed checkpoints over FLAT_MIN_SPAN_MS, all within
-# FLAT_MAX_SPREAD of their mean (TTL-bounded state jitters by a few percent with the input rate).
+# A plateau: at least FLAT_MIN_POINTS completed checkpoints over FLAT_MIN_SPAN_MS whose fitted
+# trend moves the state by at most FLAT_MAX_GROWTH of its mean, all within FLAT_MAX_SPREAD of it
+# (TTL-bounded state jitters with the input rate; RocksDB's sizes by +-10 % with flushes).
 FLAT_MIN_POINTS = 5
 FLAT_MIN_SPAN_MS = 30_000
-FLAT_MAX_SPREAD = 0.08
+FLAT_MAX_GROWTH = 0.05
+FLAT_MAX_SPREAD = 0.3
 
 FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure", "context")
 
@@ -65,9 +67,10 @@ FEATURES: tuple[Feature, ...] = (
             "slope of the later half over slope of the earlier half: ~1 for a leak, ~0 for a warm-up levelling off"),
     Feature("state_over_prior_max", "state_leak", "job", "ratio", "since first seen",
             "full state over the largest full state before the short window: above 1 only while state makes new highs"),
-    Feature("state_flat_seen", "state_leak", "job", "0/1", "since first seen",
-            f"1 once full state held a plateau (>= {FLAT_MIN_POINTS} checkpoints over >= {FLAT_MIN_SPAN_MS // 1000} s "
-            f"within {FLAT_MAX_SPREAD:.0%}): growth after it is not warm-up"),
+    Feature("state_over_plateau", "state_leak", "job", "ratio", "since first seen",
+            f"full state over the highest plateau it held (>= {FLAT_MIN_POINTS} checkpoints over >= "
+            f"{FLAT_MIN_SPAN_MS // 1000} s trending by at most {FLAT_MAX_GROWTH:.0%}); null before any: above 1, growth "
+            "resumed after a plateau, which is not warm-up"),
     Feature("checkpointed_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
             "relative slope of the persisted (checkpointed) size; flat under incremental checkpoints"),
     Feature("state_growth_bytes_per_record", "state_leak", "job", "bytes/record", _SHORT,
@@ -107,8 +110,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("vertex_limit_ratio", "state_leak", "vertex", "ratio", "latest", "largest subtask state of the vertex over the limit"),
     Feature("vertex_state_over_prior_max", "state_leak", "vertex", "ratio", "since first seen",
             "the vertex's state over its largest state before the short window"),
-    Feature("vertex_state_flat_seen", "state_leak", "vertex", "0/1", "since first seen",
-            "1 once the vertex's state held a plateau"),
+    Feature("vertex_state_over_plateau", "state_leak", "vertex", "ratio", "since first seen",
+            "the vertex's state over the highest plateau it held (null before any)"),
     # --- backpressure, vertex level --------------------------------------------------------------
     Feature("busy_max", "backpressure", "vertex", "ratio", _POLLS, "busiest subtask's busy time over 1000 ms/s"),
     Feature("busy_mean", "backpressure", "vertex", "ratio", _POLLS, "mean subtask busy time over 1000 ms/s"),

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
+    FLAT_MAX_GROWTH,
     FLAT_MAX_SPREAD,
     FLAT_MIN_POINTS,
     FLAT_MIN_SPAN_MS,
@@ -149,12 +150,19 @@ def _trailing(entries: list, min_points: int, min_span_ms: int) -> list:
 
 
 def is_flat(points: Sequence[Sequence[float]]) -> bool:
-    """A plateau: enough points over a long enough span, all within a narrow band of their mean."""
-    values = [p[1] for p in points if p[1] is not None]
-    if len(values) < FLAT_MIN_POINTS or points[-1][0] - points[0][0] < FLAT_MIN_SPAN_MS:
+    """A plateau: enough points over a long enough span whose fitted trend changes the state by
+    at most ``FLAT_MAX_GROWTH`` of its mean over the span (RocksDB's sizes jitter with flushes
+    and compactions, so the trend decides, with a looser bound on the spread)."""
+    points = [p for p in points if p[1] is not None]
+    if len(points) < FLAT_MIN_POINTS or points[-1][0] - points[0][0] < FLAT_MIN_SPAN_MS:
         return False
+    values = [p[1] for p in points]
     mean = sum(values) / len(values)
-    return mean > 0 and (max(values) - min(values)) / mean <= FLAT_MAX_SPREAD
+    if mean <= 0 or (max(values) - min(values)) / mean > FLAT_MAX_SPREAD:
+        return False
+    fit = linear_fit([p[0] for p in points], values)
+    growth = abs(fit[0]) * (points[-1][0] - points[0][0]) / mean if fit else 0.0
+    return growth <= FLAT_MAX_GROWTH
 
 
 def _over(value: float | None, reference: float | None) -> float | None:
@@ -192,7 +200,7 @@ class JobFeatureState:
     restarted_ts: int | None = None  # when num_restarts last went up
     failed_counts: list = field(default_factory=list)  # [[ts, checkpoints_failed_total], ...] (Flink's counter)
     retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
-    flat_seen: dict = field(default_factory=dict)  # JOB or vid: 1.0 once its state held a plateau
+    plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
 
     def __post_init__(self) -> None:
@@ -324,11 +332,9 @@ class JobFeatureState:
         # FLAT_MIN_SPAN_MS (from the recent buffer when checkpoints come faster than that).
         source = self.completed if ts - self.completed[0][0] >= FLAT_MIN_SPAN_MS else self.recent
         window = _trailing(source, FLAT_MIN_POINTS, FLAT_MIN_SPAN_MS)
-        if is_flat([[e[0], e[1]] for e in window]):
-            self.flat_seen[JOB] = 1.0
+        self._plateau(JOB, [[e[0], e[1]] for e in window])
         for vid in per_vertex:
-            if is_flat([[e[0], e[3][vid][0]] for e in window if vid in e[3]]):
-                self.flat_seen[vid] = 1.0
+            self._plateau(vid, [[e[0], e[3][vid][0]] for e in window if vid in e[3]])
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
             self.completed_long.append(entry)
@@ -352,6 +358,12 @@ class JobFeatureState:
             self.failed_counts = [c for c in self.failed_counts if c[0] >= ts - FAILURE_COUNT_WINDOW_MS]
         if event["state"] in TERMINAL_STATES:
             self.terminated = True
+
+    def _plateau(self, key: str, points: list) -> None:
+        """Remember the highest level a plateau reached: growth past it is not warm-up."""
+        if is_flat(points):
+            level = max(p[1] for p in points if p[1] is not None)
+            self.plateau[key] = max(self.plateau.get(key, level), level)
 
     def _retire(self, key: str, size: float | None) -> None:
         if size is not None:
@@ -401,7 +413,7 @@ class JobFeatureState:
         f["state_rel_slope_per_h"], f["state_r2"] = relative_trend(short)
         f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(JOB, long)
         f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
-        f["state_flat_seen"] = self.flat_seen.get(JOB, 0.0) if self.completed else None
+        f["state_over_plateau"] = _over(f["state_size_bytes"], self.plateau.get(JOB))
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
@@ -460,7 +472,7 @@ class JobFeatureState:
         long = [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]]
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
         f["vertex_state_over_prior_max"] = _over(f["vertex_state_size_bytes"], self.retired_max.get(vid))
-        f["vertex_state_flat_seen"] = self.flat_seen.get(vid, 0.0) if short else None
+        f["vertex_state_over_plateau"] = _over(f["vertex_state_size_bytes"], self.plateau.get(vid))
         f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
         (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
          f["vertex_state_deceleration"]) = self._long_trends(vid, long)

@@ -12,8 +12,8 @@ warm-up is over. How long a job may warm up is the operator's knowledge, not the
 with. While a job is younger than its horizon (since it started or restarted), growth is presumed
 to be warm-up unless
 
-* it resumed after a plateau: the state held flat once, and now makes new highs at least
-  ``resume_over_prior_max`` times the earlier peak (judged at once, whatever the horizon); or
+* it resumed after a plateau: the state held flat once, and is now ``resume_over_plateau``
+  times above the plateau's level (judged at once, whatever the horizon); or
 * the job's state limit is forecast to be reached before the horizon is over (a warm-up that
   runs into its limit fails its checkpoints all the same).
 
@@ -47,9 +47,8 @@ import pandas as pd
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
-GUARD_COLUMNS = ("job_age_s", "limit_eta_s", "vertex_state_flat_seen", "state_flat_seen",
-                 "vertex_state_over_prior_max", "state_over_prior_max", "vertex_state_deceleration",
-                 "state_deceleration")
+GUARD_COLUMNS = ("job_age_s", "limit_eta_s", "vertex_state_over_plateau", "state_over_plateau",
+                 "vertex_state_deceleration", "state_deceleration")
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class PostRule:
     k: int = 1
     n: int = 1
     warmup_guard: bool = False
-    resume_over_prior_max: float = 1.1
+    resume_over_plateau: float = 1.1
     decelerating_below: float = 0.8
     evidence: tuple[tuple[str, float], ...] = ()
 
@@ -67,8 +66,8 @@ class PostRule:
             raise ValueError("threshold must be in [0, 1]")
         if not 1 <= self.k <= self.n:
             raise ValueError("need 1 <= k <= n")
-        if self.resume_over_prior_max < 1.0:
-            raise ValueError("resume_over_prior_max must be >= 1")
+        if self.resume_over_plateau < 1.0:
+            raise ValueError("resume_over_plateau must be >= 1")
 
     # --- one evaluation ---------------------------------------------------------------------------
 
@@ -151,9 +150,8 @@ class PostRule:
         """True where the warm-up guard lets a decision through (NaN: unknown)."""
         age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
         young = age < horizon_s
-        flat_seen = np.nan_to_num(_vertex_else_job(c["vertex_state_flat_seen"], c["state_flat_seen"]), nan=0.0) >= 1
-        over_peak = np.nan_to_num(_vertex_else_job(c["vertex_state_over_prior_max"], c["state_over_prior_max"]), nan=0.0)
-        resumed = flat_seen & (over_peak >= self.resume_over_prior_max)
+        over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
+        resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
         decelerating = np.nan_to_num(_vertex_else_job(c["vertex_state_deceleration"], c["state_deceleration"]),
                                      nan=np.inf) < self.decelerating_below
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)

@@ -43,8 +43,8 @@ def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_pla
         "job_id": ["young", "old", "unknown-age", "young-resumed", "young-near-limit", "young-far-limit",
                    "old-levelling-off", "old-levelling-off-but-resumed"],
         "job_age_s": [100.0, 400.0, None, 100.0, 100.0, 100.0, 400.0, 400.0],
-        "vertex_state_flat_seen": [0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0],
-        "vertex_state_over_prior_max": [1.5, 1.5, 1.5, 1.2, 1.5, 1.5, 1.01, 1.3],
+        # Above a plateau it held (null: it never held one).
+        "vertex_state_over_plateau": [None, None, None, 1.2, None, None, 1.01, 1.3],
         "vertex_state_deceleration": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.3, 0.3],
         # The limit is reached within what is left of the 180 s horizon (80 s), or not.
         "limit_eta_s": [None, None, None, None, 60.0, 600.0, None, None],
