@@ -23,6 +23,7 @@ bench: java
 	$(BIN)/python benchmarks/features.py
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/collector.py
+	$(BIN)/python benchmarks/decisions.py
 
 venv: $(STAMP)
 

@@ -18,7 +18,9 @@ to be warm-up unless
   runs into its limit fails its checkpoints all the same).
 
 Growth that keeps slowing down (deceleration below ``decelerating_below``) is levelling off, at
-any age, unless it resumed after a plateau or its limit is that close.
+any age, unless it resumed after a plateau or its limit is that close. And a trend fitted to
+fewer than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch)
+decides nothing.
 
 A rule may also require **evidence**: at least one of some feature columns at or above a minimum
 (the checkpoint-failure rule wants a failed checkpoint, a checkpoint near its timeout, a pile-up,
@@ -47,7 +49,7 @@ import pandas as pd
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
-GUARD_COLUMNS = ("job_age_s", "limit_eta_s", "vertex_state_over_plateau", "state_over_plateau",
+GUARD_COLUMNS = ("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau", "state_over_plateau",
                  "vertex_state_deceleration", "state_deceleration")
 
 
@@ -58,6 +60,7 @@ class PostRule:
     n: int = 1
     warmup_guard: bool = False
     resume_over_plateau: float = 1.1
+    min_checkpoints: int = 6  # with the guard: a trend of fewer checkpoints seen is noise
     decelerating_below: float = 0.8
     evidence: tuple[tuple[str, float], ...] = ()
 
@@ -156,7 +159,8 @@ class PostRule:
                                      nan=np.inf) < self.decelerating_below
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
-        return (((~young) | resumed) & ~(decelerating & ~resumed)) | limit_soon
+        seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
+        return ((((~young) | resumed) & ~(decelerating & ~resumed)) | limit_soon) & seen
 
     # --- persistence ------------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ def test_backpressure_behind_a_hot_key_is_the_skews_symptom_on_its_vertex_only()
 
 
 def test_operator_knowledge_per_job_overrides_the_defaults():
-    young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "vertex_state_deceleration": 1.0,
+    young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "job_age_checkpoints": 20, "vertex_state_deceleration": 1.0,
                     "vertex_state_over_plateau": None,
                     "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 20.0}
     guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
