@@ -279,7 +279,8 @@ class RestartLoop(_Base):
 
 @dataclass
 class PlannedRestart(_Base):
-    """A healthy restart (a deployment): metrics pause, averages reset, state is restored."""
+    """A healthy restart (a redeploy from a savepoint): metrics pause, averages reset, state is
+    restored; not a failover, so Flink's restart counter stays."""
 
     downtime_ms: int = 40_000
     family: str | None = None
@@ -287,7 +288,7 @@ class PlannedRestart(_Base):
 
     def on_tick(self, t_ms: int, job) -> None:
         if not self._done:
-            job.restart(t_ms, self.downtime_ms)
+            job.restart(t_ms, self.downtime_ms, failover=False)
             self._done = True
 
 
@@ -303,5 +304,5 @@ class Rescale(_Base):
     def on_tick(self, t_ms: int, job) -> None:
         if not self._done:
             job.rescale(self.vertex, self.parallelism)
-            job.restart(t_ms, self.downtime_ms)
+            job.restart(t_ms, self.downtime_ms, failover=False)
             self._done = True

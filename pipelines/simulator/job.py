@@ -478,9 +478,14 @@ class JobSimulation:
             "jm_heap_max_bytes": self.spec.jm_heap_max_bytes,
         }
 
-    def restart(self, t_ms: int, downtime_ms: int) -> None:
-        """The job fails over: no metrics or checkpoints until it runs again; averages restart."""
-        self.num_restarts += 1
+    def restart(self, t_ms: int, downtime_ms: int, failover: bool = True) -> None:
+        """The job stops and runs again: no metrics or checkpoints meanwhile; averages restart.
+
+        A failover (a task failed) counts in Flink's ``numRestarts``; a redeploy from a savepoint
+        (an upgrade, a rescale) does not, as Flink counts restarts, but pays the same start-up.
+        """
+        if failover or not self.reporting.checkpoint_ids_from_start:  # the idealised model counted both
+            self.num_restarts += 1
         self.restarting_until_ms = t_ms + downtime_ms
         self._history.clear()
         self._start(t_ms + downtime_ms)
