@@ -49,6 +49,9 @@ DEFAULT_GRID = {"learning_rate": (0.05, 0.15), "max_depth": (3, 6)}
 ANOMALY_GRID = {"n_estimators": (100, 300)}  # the novelty detector has other knobs
 CALIBRATION_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
+# A checkpoint-failure decision already needs evidence of a real failure (the rule's evidence
+# below): on-call should hear of it at that failure, not a few evaluations later.
+FAMILY_PERSISTENCE = {CHECKPOINT_FAILURE: ((1, 1),)}
 ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # The guards each family's rule carries, written from what operators know:
 # * a leak decision on a job younger than its warm-up horizon needs growth after a plateau or
@@ -222,7 +225,7 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
             thresholds = tuple(sorted(set(thresholds) | {round(float(q), 4) for q in
                                                          np.quantile(healthy, ANOMALY_QUANTILES)}))
     best = None
-    for threshold, (k, n) in product(thresholds, CALIBRATION_PERSISTENCE):
+    for threshold, (k, n) in product(thresholds, FAMILY_PERSISTENCE.get(family, CALIBRATION_PERSISTENCE)):
         rule = PostRule(threshold, k, n, **guards)
         models = {family: LoadedDetector(base.name, base.version, base.alias, detector, rule, {})}
         comparison = judge(validation, models, settings, scores)
