@@ -368,6 +368,10 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
             raise UsageError(f"unknown grid {args.grid!r}; choose from {', '.join(GRIDS)}")
         variants = GRIDS[args.grid](args.only)
         dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
+        if args.forget:
+            forgotten = lab.remove_runs(dataset, [v.run_id for v in variants])
+            print(f"forgot {len(forgotten)} runs of {dataset}; the grid records them again next time")
+            return 0
         if args.list:
             done = lab.recorded_runs(dataset)
             for v in variants:
@@ -518,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     lab_command.add_argument("--concurrency", type=int, default=3, help="with --grid: jobs running side by side "
                                                                         "(default 3)")
     lab_command.add_argument("--kafka", action="store_true", help="with --grid: also publish to the input topic")
+    lab_command.add_argument("--forget", action="store_true", help="with --grid (and --only): take the recorded runs "
+                                                                   "out of the dataset, to record them again")
     lab_command.set_defaults(handler=_cmd_lab)
     return parser
 
