@@ -369,6 +369,8 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
         variants = GRIDS[args.grid](args.only)
         dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
         if args.forget:
+            if not args.only:
+                raise UsageError("--forget needs --only GLOB: say which runs to record again")
             forgotten = lab.remove_runs(dataset, [v.run_id for v in variants])
             print(f"forgot {len(forgotten)} runs of {dataset}; the grid records them again next time")
             return 0
