@@ -269,9 +269,13 @@ def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
 def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pipelines.detection.incident_view import HEADER, follow, format_incident
 
-    print(HEADER, flush=True)
+    import json
+
+    if args.output == "table":
+        print(HEADER, flush=True)
     for incident in follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max):
-        print(format_incident(incident), flush=True)
+        print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
+              flush=True)
     return 0
 
 
@@ -400,23 +404,40 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("checkpoint-sentinel")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sentinel", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML config file (default: $SENTINEL_CONFIG, else ./sentinel.yaml if present)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    # --config and -v work before or after the subcommand; SUPPRESS keeps a subcommand that does
+    # not repeat them from resetting what was given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS,
+                        help="YAML config file (default: $SENTINEL_CONFIG, else ./sentinel.yaml if present)")
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
+    parser = argparse.ArgumentParser(prog="sentinel", description=__doc__.splitlines()[0], parents=[common])
+    parser.add_argument("--version", action="version", version=f"sentinel (checkpoint-sentinel) {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    up = commands.add_parser("up", help="start the embedded broker (with the topics) and the MLflow server")
+    def command(name: str, subcommands=commands, **kwargs) -> argparse.ArgumentParser:
+        return subcommands.add_parser(name, parents=[common], **kwargs)
+
+    up = command("up", help="start the embedded broker (with the topics) and the MLflow server")
     up.add_argument("--no-mlflow", action="store_true", help="start only the broker")
     up.set_defaults(handler=_cmd_up)
-    commands.add_parser("down", help="stop what `sentinel up` started").set_defaults(handler=_cmd_down)
-    commands.add_parser("status", help="say what runs where").set_defaults(handler=_cmd_status)
+    command("down", help="stop what `sentinel up` started").set_defaults(handler=_cmd_down)
+    command("status", help="say what runs where").set_defaults(handler=_cmd_status)
 
-    selfcheck = commands.add_parser("selfcheck", help="round-trip example events Kafka -> Spark -> Kafka and compare")
+    selfcheck = command("selfcheck", help="round-trip example events Kafka -> Spark -> Kafka and compare")
     selfcheck.add_argument("--events", type=int, default=3000)
     selfcheck.set_defaults(handler=_cmd_selfcheck)
 
-    simulate = commands.add_parser("simulate", help="labelled Flink metric streams: to a file, to Kafka, or a dataset")
+    simulate = command("simulate", help="labelled Flink metric streams: to a file, to Kafka, or a dataset")
     simulate.add_argument("--list", action="store_true", help="show the scenario catalogue")
     simulate.add_argument("--scenario", action="append", metavar="NAME[:WEIGHT]",
                           help="scenario to run (repeatable; default: all); weights set the --fleet mix")
@@ -437,17 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
                                "and after its calibration, and write the report")
     simulate.set_defaults(handler=_cmd_simulate)
 
-    features = commands.add_parser("features", help="the feature definitions and the offline store")
+    features = command("features", help="the feature definitions and the offline store")
     feature_actions = features.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = feature_actions.add_parser("list", help="every feature with its family, level, unit and meaning")
+    listing = command("list", feature_actions, help="every feature with its family, level, unit and meaning")
     listing.add_argument("--markdown", action="store_true", help="as the Markdown table of docs/FEATURES.md")
-    backfill = feature_actions.add_parser("backfill", help="compute features from recorded events into the offline store")
+    backfill = command("backfill", feature_actions, help="compute features from recorded events into the offline store")
     backfill.add_argument("events", nargs="*", help="JSON-lines files of input events")
     backfill.add_argument("--dataset", help="every split of a dataset folder")
     backfill.add_argument("--store", help="offline store root (default: features.offline_path)")
     features.set_defaults(handler=_cmd_features)
 
-    train = commands.add_parser("train", help="retrain the detectors; promote through the champion/challenger gate")
+    train = command("train", help="retrain the detectors; promote through the champion/challenger gate")
     train.add_argument("--dataset", action="append", metavar="DIR",
                        help="labelled dataset folder (repeatable); default: a simulated one under the state folder "
                             "and the real-Flink corpus (lab.corpus_dir)")
@@ -459,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--duration", default="90m", help="event time per generated job, at most (default 90m)")
     train.set_defaults(handler=_cmd_train)
 
-    evaluate = commands.add_parser("evaluate", help="replay labelled runs with the champions and the static alarms; "
+    evaluate = command("evaluate", help="replay labelled runs with the champions and the static alarms; "
                                                    "judge every run and write a report with plots")
     evaluate.add_argument("--dataset", metavar="DIR", help="dataset folder (default: the real-Flink corpus, "
                                                            "lab.corpus_dir)")
@@ -469,26 +490,28 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "name; repeatable)")
     evaluate.set_defaults(handler=_cmd_evaluate)
 
-    run = commands.add_parser("run", help="the detection job: input topic -> features -> models -> incident topic")
+    run = command("run", help="the detection job: input topic -> features -> models -> incident topic")
     run.add_argument("--available-now", action="store_true",
                      help="process what is on the topic now, then stop (cron-style); default: run until stopped")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="stop after this long")
     run.set_defaults(handler=_cmd_run)
 
-    replay = commands.add_parser("replay", help="the detection pipeline on recorded events (backtest a model)")
+    replay = command("replay", help="the detection pipeline on recorded events (backtest a model)")
     replay.add_argument("inputs", nargs="+", metavar="INPUT.jsonl", help="input-contract events, one JSON per line")
     replay.add_argument("--out", required=True, metavar="INCIDENTS.jsonl", help="where the incident events go")
     replay.add_argument("--truth", action="append", metavar="GROUND_TRUTH.jsonl",
                         help="compare with labelled faults (the simulator's or the lab's ground truth)")
     replay.set_defaults(handler=_cmd_replay)
 
-    incidents = commands.add_parser("incidents", help="follow the incident topic as a readable live table")
+    incidents = command("incidents", help="follow the incident topic as a readable live table")
     incidents.add_argument("--from-beginning", action="store_true", help="start at the oldest incident kept")
     incidents.add_argument("--timeout", type=float, metavar="SECONDS", help="stop after this long without news")
     incidents.add_argument("--max", type=int, metavar="N", help="stop after N incident events")
+    incidents.add_argument("--output", choices=["table", "json"], default="table",
+                           help="table (default), or one JSON incident event per line for scripts (jq)")
     incidents.set_defaults(handler=_cmd_incidents)
 
-    demo = commands.add_parser("demo", help="what `make run` runs: the embedded stack, a simulated fleet and the job")
+    demo = command("demo", help="what `make run` runs: the embedded stack, a simulated fleet and the job")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--fleet", type=int, default=24, help="simulated jobs (default 24: every family, healthy "
                                                             "jobs and warm-ups)")
@@ -499,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", default="90m", help="event time per job of the initial training dataset")
     demo.set_defaults(handler=_cmd_demo)
 
-    collect = commands.add_parser("collect", help="poll Flink's REST API and publish its metrics to the input topic")
+    collect = command("collect", help="poll Flink's REST API and publish its metrics to the input topic")
     collect.add_argument("--flink-rest", action="append", metavar="URL",
                          help="JobManager REST URL, e.g. http://flink-jm:8081 (repeatable; default: collector.clusters)")
     collect.add_argument("--cluster", action="append", metavar="NAME",
@@ -508,7 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--once", action="store_true", help="poll every cluster once, then exit (cron-style)")
     collect.set_defaults(handler=_cmd_collect, cluster_default="flink")
 
-    lab_command = commands.add_parser("lab", help="run real Flink jobs that fail in known ways; record them")
+    lab_command = command("lab", help="run real Flink jobs that fail in known ways; record them")
     lab_command.add_argument("scenario", nargs="?", help="a named scenario (`sentinel lab --list`)")
     lab_command.add_argument("--list", action="store_true", help="show the named scenarios, or with --grid its variants")
     lab_command.add_argument("--duration", default="4m", help="how long the job runs (default 4m)")
@@ -547,6 +570,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.config = getattr(args, "config", None)
+    args.verbose = getattr(args, "verbose", False)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -31,3 +31,23 @@ def test_following_the_topic_from_the_beginning_shows_each_incident_event(config
     assert "RESOLVED" in lines[1] and "has cleared" in lines[1]
     # From the end of the topic (the default) nothing old is shown.
     assert list(follow(config, timeout_s=2)) == []
+
+
+def test_the_command_prints_json_lines_for_scripts_with_config_and_verbose_after_it(config, tmp_path):
+    from tests.test_cli import run_sentinel
+
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family="skew", hot_subtask=1.0, records_in_max_over_mean=3.0)
+    (opened,) = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
+    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    producer.send(config.topics.incidents, key=opened["incident_id"].encode(), value=json.dumps(opened).encode())
+    producer.flush()
+    producer.close()
+    settings = tmp_path / "sentinel.yaml"
+    settings.write_text(f"kafka: {{bootstrap_servers: '{config.kafka.bootstrap_servers}'}}\n"
+                        f"topics: {{incidents: {config.topics.incidents}}}\nstate_dir: {tmp_path / 'state'}\n")
+    result = run_sentinel("incidents", "--from-beginning", "--max", "1", "--timeout", "20", "--output", "json",
+                          "--config", str(settings), "-v", env={})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [opened]
+    version = run_sentinel("--version", env={})
+    assert version.returncode == 0 and version.stdout.startswith("sentinel (checkpoint-sentinel) ")
