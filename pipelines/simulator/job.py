@@ -63,8 +63,9 @@ class Reporting:
     # After starting, operators work off what queued meanwhile: busy fades to normal over this
     # many times the start-up time.
     catch_up_factor: float = 2.0
-    # Idle input buffers read 0 (the lab's operators), not a few percent.
-    idle_pool_usage: float = 0.0
+    # Idle buffers: input pools read 0, output pools a few percent (the lab's operators: median 0.05).
+    idle_in_pool_usage: float = 0.0
+    idle_out_pool_usage: float = 0.05
     # The first poll after a (re)start has no values yet (the metric fetcher has not run).
     first_poll_empty: bool = True
     # Checkpoints triggered before every task runs fail; counted, never in the history.
@@ -72,7 +73,7 @@ class Reporting:
 
 
 IDEALISED = Reporting("idealised", checkpoint_ids_from_start=False, startup_busy_s=(0.0, 0.0), meters_ramp_up=False,
-                      time_window_s=60.0, catch_up_factor=0.0, idle_pool_usage=0.05, first_poll_empty=False,
+                      time_window_s=60.0, catch_up_factor=0.0, idle_in_pool_usage=0.05, idle_out_pool_usage=0.05, first_poll_empty=False,
                       startup_trigger_failures=(0, 0))
 FLINK_2_3 = Reporting("flink-2.3")
 REPORTINGS = {r.name: r for r in (IDEALISED, FLINK_2_3)}
@@ -326,8 +327,8 @@ class JobSimulation:
                 row.append(SubtaskSample(
                     busy=busy, backpressured=backpressured, idle=max(0.0, 1000.0 - busy - backpressured),
                     records_in=rin, records_out=rin * v.selectivity,
-                    in_pool=min(1.0, self.reporting.idle_pool_usage + (pressure if (hot or i == bottleneck) else 0.0)),
-                    out_pool=min(1.0, self.reporting.idle_pool_usage + (0.9 * pressure if upstream_of_bottleneck else 0.0)),
+                    in_pool=min(1.0, self.reporting.idle_in_pool_usage + (pressure if (hot or i == bottleneck) else 0.0)),
+                    out_pool=min(1.0, self.reporting.idle_out_pool_usage + (0.9 * pressure if upstream_of_bottleneck else 0.0)),
                     start_delay_ms=delay, alignment_ms=alignment,
                 ))
             samples.append(row)
