@@ -73,7 +73,8 @@ class Reporting:
 
 
 IDEALISED = Reporting("idealised", checkpoint_ids_from_start=False, startup_busy_s=(0.0, 0.0), meters_ramp_up=False,
-                      time_window_s=60.0, catch_up_factor=0.0, idle_in_pool_usage=0.05, idle_out_pool_usage=0.05, first_poll_empty=False,
+                      time_window_s=60.0, catch_up_factor=0.0, idle_in_pool_usage=0.05, idle_out_pool_usage=0.05,
+                      first_poll_empty=False,
                       startup_trigger_failures=(0, 0))
 FLINK_2_3 = Reporting("flink-2.3")
 REPORTINGS = {r.name: r for r in (IDEALISED, FLINK_2_3)}
