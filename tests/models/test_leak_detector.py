@@ -56,6 +56,6 @@ def test_the_leak_detector_catches_leaks_that_do_not_level_off(leak, scenario):
     onset = job.truth["faults"][0]["onset_ts"]
     assert not fired.empty and fired["ts"].min() >= onset - 5 * 60_000
     # Soon after the later of its onset and the end of its warm-up horizon (declared, else the
-    # default): simulated leaks grow over hours, so soon is minutes.
+    # default): these leaks add tens of percent an hour, so soon is within twenty minutes.
     horizon_ms = job.truth.get("warmup_horizon_s", DEFAULT_WARMUP_HORIZON_S) * 1000
-    assert fired["ts"].min() <= max(onset, job.truth["start_ts"] + horizon_ms) + 10 * 60_000
+    assert fired["ts"].min() <= max(onset, job.truth["start_ts"] + horizon_ms) + 20 * 60_000
