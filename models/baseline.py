@@ -1,8 +1,8 @@
 """The static-threshold alarms operators use today (AWS and Prometheus style), as the bar every
 detector must clear.
 
-* state leak: the checkpoint size keeps growing: nearly every one of the last checkpoints larger
-  than the one before (``deriv(lastCheckpointSize[..]) > 0``), or it is above a fixed size;
+* state leak: an operator's checkpointed state keeps growing (a straight line up over the last
+  checkpoints, ``deriv(...) > 0`` with a good fit), or it is above a fixed size;
 * checkpoint failure: ``RATE(numberOfFailedCheckpoints) > 0`` or ``lastCheckpointDuration``
   above the checkpoint interval;
 * backpressure: ``backPressuredTimeMsPerSecond > 200`` for a minute (the features are one-minute
@@ -24,7 +24,7 @@ import pandas as pd
 @dataclass(frozen=True)
 class BaselineThresholds:
     checkpoint_size_bytes: float = 1 << 30
-    growing_fraction: float = 0.9
+    growing_r2: float = 0.9
     backpressured_ratio: float = 0.2
     rate_skew_ratio: float = 1.5
 
@@ -39,8 +39,8 @@ def _column(frame: pd.DataFrame, name: str) -> pd.Series:
 def baseline_decisions(frame: pd.DataFrame, family: str, thresholds: BaselineThresholds = BaselineThresholds()) -> np.ndarray:
     """The static alarm's decision at every row (a missing value never alarms)."""
     if family == "state_leak":
-        fired = (_column(frame, "state_size_bytes") > thresholds.checkpoint_size_bytes) | (
-            _column(frame, "state_frac_increasing") >= thresholds.growing_fraction)
+        fired = (_column(frame, "vertex_state_size_bytes") > thresholds.checkpoint_size_bytes) | (
+            (_column(frame, "vertex_state_rel_slope_per_h") > 0) & (_column(frame, "vertex_state_r2") >= thresholds.growing_r2))
     elif family == "checkpoint_failure":
         fired = (_column(frame, "checkpoint_failed_fraction") > 0) | (_column(frame, "checkpoint_duration_over_interval") > 1)
     elif family == "backpressure":

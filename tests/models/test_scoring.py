@@ -119,7 +119,8 @@ def test_row_metrics_on_a_hand_made_series():
 
 def test_static_baseline_alarms():
     frame = pd.DataFrame({
-        "state_size_bytes": [2e9, 1e6, None], "state_frac_increasing": [0.5, 1.0, None],
+        "vertex_state_size_bytes": [2e9, 1e6, None], "vertex_state_rel_slope_per_h": [-1.0, 2.0, None],
+        "vertex_state_r2": [0.2, 0.95, None],
         "checkpoint_failed_fraction": [0.0, 0.1, None],
         "checkpoint_duration_over_interval": [1.5, 0.2, None], "backpressured_max": [0.25, 0.1, None],
         "records_in_max_over_mean": [1.2, 1.6, None],
