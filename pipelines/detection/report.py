@@ -4,8 +4,9 @@ The one judgement every consumer uses: ``sentinel replay --truth``, ``sentinel e
 demo's summary, the retraining gate and the tests. A *run* is one job with its ground-truth line
 (the simulator's and the lab's shape). A fault is **found** by the first incident of its family
 on the job, or the first incident that names its family among its ``symptoms``, opened no earlier
-than ``EARLY_GRACE_MS`` before the fault became detectable (its ``detectable_from_ts``, else its
-onset); the delay runs from the onset to that moment (negative when it came first). It is
+than ``EARLY_GRACE_MS`` before the fault became detectable (its onset, or its cause's for a
+symptom whose cause the run's ground truth lists too); the delay runs from the onset to that
+moment (negative when it came first). It is
 **localised** when the incident names the fault's vertex (job-level families always are).
 
 Every other opened incident is **false**, anomalies included: on a healthy run any incident is
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Iterable, Sequence
 
-from pipelines.families import ANOMALY, LOCALISED
+from pipelines.families import ANOMALY, EXPLAINED_BY, LOCALISED
 
 EARLY_GRACE_MS = 60_000
 
@@ -132,7 +133,10 @@ def _judge(truth: dict, incidents: list[dict], latest: dict[str, dict]) -> RunOu
     used: set[str] = set()
     for fault in faults:
         family = fault["family"]
-        earliest = (fault.get("detectable_from_ts") or fault["onset_ts"]) - EARLY_GRACE_MS
+        # A symptom is detectable from its cause's onset (checkpoints near their timeout behind
+        # backpressure warn before the first one fails).
+        causes = [f["onset_ts"] for f in faults if f["family"] in EXPLAINED_BY.get(family, ())]
+        earliest = min([fault["onset_ts"], *causes]) - EARLY_GRACE_MS
         claims = []  # (when, localised, incident, as_symptom)
         for incident in incidents:
             place = _same_place(incident.get("vertex_id"), fault)

@@ -212,3 +212,30 @@ def test_silent_jobs_with_nothing_open_are_forgotten():
     later_rows, later_scores = rows_and_scores([(45, 0.1)], job="other")
     step(state, later_rows, later_scores, RULES, SETTINGS)  # 45 minutes on: past the 30-minute idle timeout
     assert sorted(state) == ["c/leaky", "c/other"]  # the leaky job keeps its open incident
+
+
+def test_runs_are_judged_by_family_place_and_time_and_a_symptom_counts_as_found():
+    from pipelines.detection.report import compare
+
+    truth = {"cluster": "c", "job_id": "j1", "job_name": "orders", "run_id": "bp-run", "faults": [
+        {"family": "backpressure", "onset_ts": 10 * MIN, "vertex_id": "v1", "vertex_name": "enrich"},
+        {"family": "checkpoint_failure", "onset_ts": 15 * MIN, "vertex_id": None, "vertex_name": None}]}
+    healthy = {"cluster": "c", "job_id": "j2", "job_name": "quiet", "faults": []}
+    rows, scores = together(
+        rows_and_scores([(m, 0.9 if m >= 11 else 0.1) for m in range(20)], family="backpressure"),
+        # Failures from minute 13, before the labelled first failure: an early warning, not a false one.
+        rows_and_scores([(m, 0.9 if m >= 13 else 0.1) for m in range(20)], family="checkpoint_failure", vertex=None),
+        rows_and_scores([(m, 0.9 if 2 <= m < 4 else 0.1) for m in range(20)], family="skew", job="j2"))
+    comparison = compare([truth, healthy], step({}, rows, scores, RULES, SETTINGS))
+    run, quiet = comparison.runs
+    assert [(f["family"], f["delay_s"], f["localised"], f["as_symptom"]) for f in run.found] == [
+        ("backpressure", 120.0, True, False), ("checkpoint_failure", -60.0, True, True)]
+    assert run.missed == [] and run.false == [] and run.false_families == [] and run.ok
+    assert [i["family"] for i in quiet.false] == ["skew"] and not quiet.ok
+    m = comparison.metrics()
+    assert (m["faults"], m["faults_found"], m["false_incidents_on_healthy"], m["healthy_runs"]) == (2, 2, 1, 1)
+    assert comparison.metrics("backpressure")["delay_s_median"] == 120.0
+    # On another vertex it is found, but not localised.
+    elsewhere = [dict(truth, faults=[{**truth["faults"][0], "vertex_id": "v9"}])]
+    (moved,) = compare(elsewhere, step({}, rows, scores, RULES, SETTINGS)).runs
+    assert moved.found[0]["localised"] is False and not moved.ok
