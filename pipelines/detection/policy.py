@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any, Mapping
 
@@ -98,7 +98,6 @@ class PolicySettings:
 
     def with_overrides(self, overrides) -> "PolicySettings":
         """These settings with ``overrides`` tried before the configured ones."""
-        from dataclasses import replace
         return replace(self, job_overrides=tuple(overrides) + self.job_overrides, _resolved={})
 
 
