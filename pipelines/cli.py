@@ -203,8 +203,9 @@ def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
     cache = _require_champions(config)
     spark = build_spark(config, "run")
     job = start_detection(spark, config, cache, available_now=args.available_now)
+    served = f"{job.metrics_server.url} and " if job.metrics_server else ""
     print(f"reading {config.topics.input} on {config.kafka.bootstrap_servers}; incidents to {config.topics.incidents}, "
-          f"dead letters to {config.topics.dead_letter}; metrics in {config.detection.metrics_file}", flush=True)
+          f"dead letters to {config.topics.dead_letter}; metrics at {served}{config.detection.metrics_file}", flush=True)
     try:
         job.await_termination(args.timeout)
     finally:
@@ -335,7 +336,18 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
         print(f"polling {', '.join(f'{e.name} ({e.rest_url})' for e in endpoints)} every "
               f"{config.collector.interval_s:g}s; events to {config.topics.input} on {config.kafka.bootstrap_servers}",
               flush=True)
-    results = run_collector(config, endpoints, once=args.once, report=lambda r: print(r.line(), flush=True))
+    from pipelines.telemetry import CollectorMetrics, serve
+
+    metrics, server = CollectorMetrics(), None
+    if config.collector.metrics_port is not None and not args.once:
+        server = serve(metrics.registry, config.collector.metrics_host, config.collector.metrics_port)
+        print(f"metrics for Prometheus at {server.url}", flush=True)
+    try:
+        results = run_collector(config, endpoints, once=args.once, report=lambda r: print(r.line(), flush=True),
+                                metrics=metrics)
+    finally:
+        if server is not None:
+            server.close()
     unreachable = [r.cluster for r in results if not r.reachable]
     if unreachable:
         print(f"sentinel collect: could not reach {', '.join(unreachable)}; check the REST URL and that the "

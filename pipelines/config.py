@@ -175,6 +175,8 @@ class DetectionConfig(_Strict):
                                                              "(it runs beside the job, off its critical path).")
     metrics_file: Path | None = Field(None, description="Prometheus text file (default "
                                                         "<state_dir>/metrics/sentinel.prom).")
+    metrics_host: str = Field("127.0.0.1", description="Where `sentinel run` serves /metrics for Prometheus.")
+    metrics_port: int | None = Field(9464, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
 
 class StackConfig(_Strict):
@@ -215,6 +217,8 @@ class CollectorConfig(_Strict):
     max_backoff_s: float = Field(60.0, gt=0, description="Longest wait between polls of an unreachable cluster.")
     state_dir: Path | None = Field(None, description="Where the last published checkpoint of each job is kept "
                                                      "(default <state_dir>/collector).")
+    metrics_host: str = Field("127.0.0.1", description="Where `sentinel collect` serves /metrics for Prometheus.")
+    metrics_port: int | None = Field(9465, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
 
 class LabConfig(_Strict):

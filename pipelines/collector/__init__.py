@@ -48,6 +48,7 @@ class PollResult:
     reachable: bool = True
     requests: int = 0
     duration_s: float = 0.0
+    request_seconds: list[float] = field(default_factory=list)  # each REST request's duration
 
     def line(self) -> str:
         kinds = {kind: sum(e["kind"] == kind for e in self.events) for kind in ("job_status", "checkpoint", "vertex_metrics")}
@@ -82,6 +83,7 @@ class ClusterCollector:
         started, requests_before = time.monotonic(), self.rest.requests
         result = self._poll()
         result.requests, result.duration_s = self.rest.requests - requests_before, time.monotonic() - started
+        result.request_seconds = self.rest.take_latencies()
         return result
 
     def _poll(self) -> PollResult:
@@ -220,11 +222,20 @@ def kafka_publisher(config) -> tuple[Publish, Callable[[], None]]:
 
 def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool = False,
                   stop: threading.Event | None = None, report: Callable[[PollResult], None] | None = None,
-                  publish: Publish | None = None) -> list[PollResult]:
+                  publish: Publish | None = None, metrics=None) -> list[PollResult]:
     """Poll every cluster (each on its own thread when continuous) until ``stop`` is set.
 
-    With ``once``, polls each cluster once and returns the results (the cron-style mode)."""
+    With ``once``, polls each cluster once and returns the results (the cron-style mode). Every
+    poll is accounted in ``metrics`` (a :class:`~pipelines.telemetry.CollectorMetrics`) when given."""
     endpoints = list(endpoints)
+    if metrics is not None:
+        shown = report
+
+        def report(result: PollResult) -> None:
+            metrics.record(result)
+            if shown:
+                shown(result)
+
     close: Callable[[], None] = lambda: None
     if publish is None:
         publish, close = kafka_publisher(config)

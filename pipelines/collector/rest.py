@@ -45,6 +45,7 @@ class FlinkRestClient:
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.sleep = sleep
         self.requests = 0  # for the collector's own metrics and the benchmarks
+        self._latencies: list[float] = []
         # When a dict, every answer is kept by path and query: how the test fixtures were recorded.
         self.recording: dict[str, Any] | None = None
 
@@ -61,9 +62,15 @@ class FlinkRestClient:
                 self.sleep(wait)
         raise AssertionError("unreachable")
 
+    def take_latencies(self) -> list[float]:
+        """The durations of the requests made since the last call, in seconds."""
+        taken, self._latencies = self._latencies, []
+        return taken
+
     def _get_once(self, url: str) -> Any:
         self.requests += 1
         request = urllib.request.Request(url, headers={"Accept": "application/json"})
+        started = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = response.read()
@@ -72,6 +79,8 @@ class FlinkRestClient:
         except (urllib.error.URLError, socket.timeout, TimeoutError, ConnectionError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise FlinkRestError(url, f"unreachable ({reason})") from None
+        finally:
+            self._latencies.append(time.monotonic() - started)
         try:
             answer = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

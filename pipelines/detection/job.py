@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from feature_store.compute import batch_features, event_frame, stream_features
@@ -43,6 +44,7 @@ from pipelines.detection.validation import (check_event, dead_letters, record_te
                                             validate_records)
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream, write_kafka_batch
+from pipelines.telemetry import DetectionMetrics, MetricsServer, serve
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +125,10 @@ class BatchProcessor:
     """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
 
     def __init__(self, config: SentinelConfig, models: Callable[[], dict[str, LoadedDetector]], sink: IncidentSink,
-                 policy_store: PolicyStore | None = None, feature_log: Path | None = None):
+                 policy_store: PolicyStore | None = None, feature_log: Path | None = None,
+                 metrics: DetectionMetrics | None = None):
         self.config = config
+        self.metrics = metrics
         self.models = models
         self.sink = sink
         self.policy_store = policy_store
@@ -158,6 +162,8 @@ class BatchProcessor:
             self.policy_store.save(batch_id, self.state)
             self.state_after_batch = batch_id
         self.incidents_published += len(incidents)
+        if self.metrics is not None:
+            self.metrics.incidents(incidents)
         for incident in incidents:
             log.info("incident %s %s: %s", incident["event"], incident["incident_id"], incident["summary"])
         log.info("batch %d: %d feature rows, %d incident events in %.1fs", batch_id, len(rows), len(incidents),
@@ -167,17 +173,24 @@ class BatchProcessor:
 class DeadLetterProcessor:
     """Send a batch's unusable records to the dead-letter topic; hand a sample to the GX suite."""
 
-    def __init__(self, config: SentinelConfig, validator: BackgroundValidator | None):
+    def __init__(self, config: SentinelConfig, validator: BackgroundValidator | None,
+                 metrics: DetectionMetrics | None = None):
         self.config = config
         self.validator = validator
+        self.metrics = metrics
         self.dead_letters = 0
 
     def __call__(self, validated: DataFrame, batch_id: int) -> None:
         validated = validated.persist()
         try:
-            letters = dead_letters(validated)
-            count = letters.count()
+            reasons = {row["reason"]: row["count"] for row in
+                       validated.filter(F.col("reason").isNotNull()).groupBy("reason").count().collect()}
+            count = sum(reasons.values())
+            if self.metrics is not None:
+                for reason, n in reasons.items():
+                    self.metrics.dead_letters.labels(reason).inc(n)
             if count:
+                letters = dead_letters(validated)
                 write_kafka_batch(letters, self.config, self.config.topics.dead_letter)
                 self.dead_letters += count
                 log.warning("batch %d: %d records to the dead-letter topic %s", batch_id, count,
@@ -197,6 +210,7 @@ class RunningJob:
     dead_letter_processor: DeadLetterProcessor
     listener: MetricsListener
     validator: BackgroundValidator
+    metrics_server: MetricsServer | None = None  # /metrics for Prometheus
 
     def await_termination(self, timeout_s: float | None = None) -> None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -219,6 +233,8 @@ class RunningJob:
             q.stop()
         self.processor.sink.close()
         self.validator.wait(10)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
 
 
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
@@ -234,13 +250,16 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     records = read_kafka_stream(spark, config, config.topics.input)
     validated = validate_records(records, max_future_ms)
 
+    metrics = DetectionMetrics()
+    server = serve(metrics.registry, detection.metrics_host, detection.metrics_port) \
+        if detection.metrics_port is not None else None
     processor = BatchProcessor(config, cache.current, IncidentSink(config),
                                PolicyStore(config.checkpoint_dir(DETECTION_QUERY) / "policy"),
-                               Path(config.features.offline_path) / "live")
+                               Path(config.features.offline_path) / "live", metrics)
     validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",
                                     detection.gx_min_interval_s)
-    dlq = DeadLetterProcessor(config, validator)
-    listener = MetricsListener(Path(detection.metrics_file), processor, dlq, cache)
+    dlq = DeadLetterProcessor(config, validator, metrics)
+    listener = MetricsListener(Path(detection.metrics_file), processor, dlq, cache, metrics)
     spark.streams.addListener(listener)
 
     features = stream_features(event_frame(valid_values(validated)), int(config.features.lateness_s * 1000),
@@ -256,7 +275,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
         trigger(validated.writeStream.foreachBatch(dlq).queryName(DEAD_LETTER_QUERY)
                 .option("checkpointLocation", str(config.checkpoint_dir(DEAD_LETTER_QUERY)))).start(),
     ]
-    return RunningJob(spark, queries, processor, dlq, listener, validator)
+    return RunningJob(spark, queries, processor, dlq, listener, validator, server)
 
 
 # --- replay ---------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""The job's own health, where operators look: the log and a Prometheus text file.
+"""The job's own health, where operators look: the log, /metrics and a Prometheus text file.
 
 A :class:`MetricsListener` (Spark's ``StreamingQueryListener``) logs each query's progress (input
 and processing rate, batch duration, state rows, events dropped behind the watermark, watermark
-lag) and rewrites the Prometheus text file after every batch, atomically, for node_exporter's
-textfile collector or any scraper that reads files.
+lag), updates the metrics ``sentinel run`` serves over HTTP (:mod:`pipelines.telemetry`), and
+rewrites the Prometheus text file after every batch, atomically, for node_exporter's textfile
+collector or any scraper that reads files.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ def _watermark_ms(progress: Any) -> int | None:
 
 
 class MetricsListener(StreamingQueryListener):
-    def __init__(self, path: Path, processor: Any = None, dead_letters: Any = None, models: Any = None):
+    def __init__(self, path: Path, processor: Any = None, dead_letters: Any = None, models: Any = None,
+                 metrics: Any = None):
         self.path = Path(path)
         self.processor = processor
         self.dead_letters = dead_letters
         self.models = models
+        self.metrics = metrics  # a DetectionMetrics, served over HTTP
         self.queries: dict[str, dict[str, float]] = {}
 
     def onQueryStarted(self, event) -> None:
@@ -57,6 +60,13 @@ class MetricsListener(StreamingQueryListener):
         if watermark is not None:
             metrics["watermark_lag_seconds"] = max(0.0, time.time() - watermark / 1000.0)
         self.queries[p.name or str(p.id)] = metrics
+        if self.metrics is not None:
+            self.metrics.progress(p.name or str(p.id), p.numInputRows, metrics["batch_duration_seconds"],
+                                  metrics["processed_rows_per_second"], int(metrics["state_rows"]),
+                                  int(metrics["rows_dropped_by_watermark"]), metrics.get("watermark_lag_seconds"))
+            if self.models is not None:
+                self.metrics.models({f: (m.name, m.version) for f, m in self.models.models.items()},
+                                    self.models.registry_error is None)
         log.info("%s batch %d: %d rows, %.0f rows/s in, %.0f rows/s processed, %.1fs, %d state rows%s", p.name,
                  p.batchId, p.numInputRows, metrics["input_rows_per_second"], metrics["processed_rows_per_second"],
                  metrics["batch_duration_seconds"], metrics["state_rows"],

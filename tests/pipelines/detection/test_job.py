@@ -24,10 +24,17 @@ FAMILY_FLEET = ["healthy_steady", "healthy_warmup", "leak_linear", "backpressure
 SEED, MINUTES = 7, 75
 
 
+def scrape(url: str) -> dict:
+    from tests.pipelines.test_telemetry import scrape as scrape_metrics
+
+    return scrape_metrics(url)
+
+
 def run_available_now(spark, config):
     job = start_detection(spark, config, ChampionCache(config), available_now=True)
     try:
         job.await_termination(900)
+        job.scraped = scrape(job.metrics_server.url)  # what Prometheus would have seen last
     finally:
         job.stop()
     return job
@@ -58,6 +65,18 @@ def test_each_family_gets_exactly_its_incident_and_healthy_jobs_none(live_fleet)
     assert (skew["vertex_id"], skew["subtask_index"]) == (skew_truth["vertex_id"], skew_truth["subtask_index"])
     for incident in incidents:
         assert INCIDENT.errors(incident) == []
+    # The job's /metrics counted every incident event it published, by family.
+    scraped = live_fleet["job"].scraped
+    counted = {}
+    for (name, labels), value in scraped.items():
+        if name == "checkpoint_sentinel_incident_events_total":
+            family = dict(labels)["family"]
+            counted[family] = counted.get(family, 0) + value
+    published = {}
+    for incident in incidents:
+        published[incident["family"]] = published.get(incident["family"], 0) + 1
+    assert counted == published
+    assert scraped[("checkpoint_sentinel_model_registry_reachable", ())] == 1
         assert incident["model"]["alias"] == "champion" and incident["runbook"] and incident["summary"]
 
 
@@ -169,7 +188,7 @@ def test_kill_9_and_restart_loses_no_incident(spark, detection_config, tmp_path)
            "SENTINEL_TOPICS__DEAD_LETTER": config.topics.dead_letter,
            "SENTINEL_MLFLOW__TRACKING_URI": config.mlflow.tracking_uri,
            "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
-           "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second"}
+           "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0"}
     command = [sys.executable, "-m", "pipelines.cli", "run"]
     log = open(tmp_path / "run.log", "wb")
     first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

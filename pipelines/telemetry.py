@@ -1,0 +1,130 @@
+"""The sentinel's own metrics, for Prometheus to scrape: is the watcher itself healthy?
+
+``sentinel run`` and ``sentinel collect`` each serve ``/metrics`` over HTTP (``detection.metrics_port``,
+``collector.metrics_port``; 0 picks a free port, unset turns it off). Every metric is named
+``checkpoint_sentinel_...``; ``infra/prometheus/sentinel-alerts.yml`` holds alerting rules on them
+(the job down, falling behind, the registry or a Flink cluster unreachable).
+
+The metric objects live in a registry of their own per process part, so tests and two parts in
+one process never share counters.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+PREFIX = "checkpoint_sentinel"
+
+
+@dataclass
+class MetricsServer:
+    registry: CollectorRegistry
+    host: str
+    port: int
+    _server: object = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
+    """Serve ``registry`` at ``http://host:port/metrics`` on a daemon thread (port 0: any free one)."""
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(registry, host, server.server_address[1], server)
+
+
+class DetectionMetrics:
+    """What ``sentinel run`` reports: its batches, its output, its models."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.incident_events = Counter(f"{PREFIX}_incident_events", "Incident events published",
+                                       ["family", "severity", "event"], registry=r)
+        self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Input records sent to the dead-letter topic",
+                                    ["reason"], registry=r)
+        self.batch_duration = Gauge(f"{PREFIX}_batch_duration_seconds", "Duration of the query's latest micro-batch",
+                                    ["query"], registry=r)
+        self.input_rows = Counter(f"{PREFIX}_input_rows", "Input rows the query has read", ["query"], registry=r)
+        self.processed_rate = Gauge(f"{PREFIX}_processed_rows_per_second", "Rows per second of the latest batch",
+                                    ["query"], registry=r)
+        self.state_rows = Gauge(f"{PREFIX}_state_rows", "Rows in the query's state store", ["query"], registry=r)
+        self.dropped_late = Counter(f"{PREFIX}_rows_dropped_by_watermark", "Events dropped as later than allowed",
+                                    ["query"], registry=r)
+        self.input_lag = Gauge(f"{PREFIX}_input_lag_seconds",
+                               "How far the query's event time (watermark) is behind the wall clock", ["query"], registry=r)
+        self.last_batch = Gauge(f"{PREFIX}_last_batch_timestamp_seconds", "When the query last finished a batch",
+                                ["query"], registry=r)
+        self.model_version = Gauge(f"{PREFIX}_model_version_info", "The model version each family scores with (1)",
+                                   ["family", "name", "version"], registry=r)
+        self.registry_reachable = Gauge(f"{PREFIX}_model_registry_reachable",
+                                        "1 while the model registry answers, 0 while it does not", registry=r)
+
+    def incidents(self, events: Iterable[dict]) -> None:
+        for event in events:
+            self.incident_events.labels(event["family"], event["severity"], event["event"]).inc()
+
+    def models(self, versions: dict[str, tuple[str, str]], reachable: bool) -> None:
+        """``versions``: family -> (registered name, version)."""
+        self.model_version.clear()
+        for family, (name, version) in versions.items():
+            self.model_version.labels(family, name, str(version)).set(1)
+        self.registry_reachable.set(1 if reachable else 0)
+
+    def progress(self, query: str, input_rows: int, duration_s: float, processed_per_s: float, state_rows: int,
+                 dropped: int, lag_s: float | None) -> None:
+        self.input_rows.labels(query).inc(input_rows)
+        self.batch_duration.labels(query).set(duration_s)
+        self.processed_rate.labels(query).set(processed_per_s)
+        self.state_rows.labels(query).set(state_rows)
+        self.dropped_late.labels(query).inc(dropped)
+        if lag_s is not None:
+            self.input_lag.labels(query).set(lag_s)
+        self.last_batch.labels(query).set(time.time())
+
+
+class CollectorMetrics:
+    """What ``sentinel collect`` reports, per Flink cluster."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.polls = Counter(f"{PREFIX}_collector_polls", "Polls of the cluster", ["cluster"], registry=r)
+        self.poll_errors = Counter(f"{PREFIX}_collector_poll_errors", "Errors met while polling (after retries)",
+                                   ["cluster"], registry=r)
+        self.poll_duration = Histogram(f"{PREFIX}_collector_poll_duration_seconds", "Duration of one poll", ["cluster"],
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.request_duration = Histogram(f"{PREFIX}_collector_request_duration_seconds",
+                                          "Duration of one REST request to the JobManager", ["cluster"],
+                                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5), registry=r)
+        self.events = Counter(f"{PREFIX}_collector_events_published", "Input events published", ["cluster", "kind"],
+                              registry=r)
+        self.reachable = Gauge(f"{PREFIX}_collector_cluster_reachable", "1 if the cluster's REST API answered the "
+                               "latest poll", ["cluster"], registry=r)
+        self.jobs = Gauge(f"{PREFIX}_collector_jobs", "Jobs the latest poll saw", ["cluster"], registry=r)
+        self.last_poll = Gauge(f"{PREFIX}_collector_last_poll_timestamp_seconds", "When the cluster was last polled",
+                               ["cluster"], registry=r)
+
+    def record(self, result) -> None:
+        """Account for one :class:`~pipelines.collector.PollResult`."""
+        cluster = result.cluster
+        self.polls.labels(cluster).inc()
+        self.poll_errors.labels(cluster).inc(len(result.errors))
+        self.poll_duration.labels(cluster).observe(result.duration_s)
+        for seconds in result.request_seconds:
+            self.request_duration.labels(cluster).observe(seconds)
+        for event in result.events:
+            self.events.labels(cluster, event["kind"]).inc()
+        self.reachable.labels(cluster).set(1 if result.reachable else 0)
+        self.jobs.labels(cluster).set(result.jobs)
+        self.last_poll.labels(cluster).set(time.time())

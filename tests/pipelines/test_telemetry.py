@@ -1,0 +1,62 @@
+"""The sentinel's own metrics over HTTP, as Prometheus scrapes them."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipelines.collector import PollResult
+from pipelines.telemetry import CollectorMetrics, DetectionMetrics, serve
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_the_detection_job_s_metrics_are_served_and_count_what_happened():
+    metrics = DetectionMetrics()
+    server = serve(metrics.registry, "127.0.0.1", 0)
+    try:
+        metrics.incidents([{"family": "state_leak", "severity": "warning", "event": "opened"},
+                           {"family": "state_leak", "severity": "critical", "event": "updated"},
+                           {"family": "state_leak", "severity": "warning", "event": "opened"}])
+        metrics.dead_letters.labels("malformed_json").inc(2)
+        metrics.progress("detection", 120, 1.5, 80.0, 42, 3, 12.5)
+        metrics.models({"skew": ("sentinel-skew", "7")}, reachable=False)
+        seen = scrape(server.url)
+    finally:
+        server.close()
+    name = "checkpoint_sentinel_incident_events_total"
+    assert seen[(name, (("event", "opened"), ("family", "state_leak"), ("severity", "warning")))] == 2
+    assert seen[(name, (("event", "updated"), ("family", "state_leak"), ("severity", "critical")))] == 1
+    assert seen[("checkpoint_sentinel_dead_letters_total", (("reason", "malformed_json"),))] == 2
+    assert seen[("checkpoint_sentinel_input_rows_total", (("query", "detection"),))] == 120
+    assert seen[("checkpoint_sentinel_input_lag_seconds", (("query", "detection"),))] == 12.5
+    assert seen[("checkpoint_sentinel_state_rows", (("query", "detection"),))] == 42
+    assert seen[("checkpoint_sentinel_model_version_info", (("family", "skew"), ("name", "sentinel-skew"),
+                                                            ("version", "7")))] == 1
+    assert seen[("checkpoint_sentinel_model_registry_reachable", ())] == 0
+
+
+def test_the_collector_s_metrics_account_for_every_poll():
+    metrics = CollectorMetrics()
+    events = [{"kind": "checkpoint"}, {"kind": "vertex_metrics"}, {"kind": "vertex_metrics"}]
+    metrics.record(PollResult("prod-eu", events, jobs=3, requests=4, duration_s=0.2, request_seconds=[0.01, 0.3]))
+    metrics.record(PollResult("prod-eu", reachable=False, errors=["unreachable"], duration_s=5.0))
+    server = serve(metrics.registry, "127.0.0.1", 0)
+    try:
+        seen = scrape(server.url)
+    finally:
+        server.close()
+    eu = (("cluster", "prod-eu"),)
+    assert seen[("checkpoint_sentinel_collector_polls_total", eu)] == 2
+    assert seen[("checkpoint_sentinel_collector_poll_errors_total", eu)] == 1
+    assert seen[("checkpoint_sentinel_collector_cluster_reachable", eu)] == 0
+    assert seen[("checkpoint_sentinel_collector_events_published_total", (("cluster", "prod-eu"), ("kind", "vertex_metrics")))] == 2
+    assert seen[("checkpoint_sentinel_collector_request_duration_seconds_count", eu)] == 2
+    assert seen[("checkpoint_sentinel_collector_request_duration_seconds_bucket", (("cluster", "prod-eu"), ("le", "0.025")))] == 1
+    assert seen[("checkpoint_sentinel_collector_jobs", eu)] == 0  # the latest poll saw none
