@@ -65,6 +65,7 @@ def test_each_family_gets_exactly_its_incident_and_healthy_jobs_none(live_fleet)
     assert (skew["vertex_id"], skew["subtask_index"]) == (skew_truth["vertex_id"], skew_truth["subtask_index"])
     for incident in incidents:
         assert INCIDENT.errors(incident) == []
+        assert incident["model"]["alias"] == "champion" and incident["runbook"] and incident["summary"]
     # The job's /metrics counted every incident event it published, by family.
     scraped = live_fleet["job"].scraped
     counted = {}
@@ -77,7 +78,6 @@ def test_each_family_gets_exactly_its_incident_and_healthy_jobs_none(live_fleet)
         published[incident["family"]] = published.get(incident["family"], 0) + 1
     assert counted == published
     assert scraped[("checkpoint_sentinel_model_registry_reachable", ())] == 1
-        assert incident["model"]["alias"] == "champion" and incident["runbook"] and incident["summary"]
 
 
 def test_replay_gives_the_same_incidents_as_the_live_job(spark, live_fleet, tmp_path):
