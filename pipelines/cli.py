@@ -356,6 +356,27 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_alert(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.alerting import AlertRelay
+
+    if args.resend_interval:
+        from pipelines.simulator import parse_duration
+
+        config.alert.resend_interval_s = parse_duration(args.resend_interval) / 1000
+    try:
+        relay = AlertRelay(config, args.alertmanager)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    logging.getLogger("pipelines.alerting").setLevel(logging.INFO if args.verbose else logging.WARNING)
+    print(f"delivering {config.topics.incidents} on {config.kafka.bootstrap_servers} to "
+          f"{', '.join(relay.alertmanagers.urls)} (consumer group {config.alert.group_id}); open alerts re-sent every "
+          f"{config.alert.resend_interval_s:g}s", flush=True)
+    stats = relay.run(_stop_on_signals())
+    print(f"stopped: {stats.events} incident events read, {stats.alerts_sent} alerts sent in {stats.posts} posts, "
+          f"{stats.failed_tries} failed tries", flush=True)
+    return 0
+
+
 def _stop_on_signals():
     """An event SIGTERM and SIGINT set, so a lab session cancels its jobs and stops its cluster."""
     import signal
@@ -543,6 +564,14 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--once", action="store_true", help="poll every cluster once, then exit (cron-style)")
     collect.set_defaults(handler=_cmd_collect, cluster_default="flink")
 
+    alert = command("alert", help="deliver the incident topic to Alertmanager (one alert per incident)")
+    alert.add_argument("--alertmanager", action="append", metavar="URL",
+                       help="Alertmanager base URL, e.g. http://alertmanager:9093 (repeatable for an HA pair; "
+                            "default: alert.alertmanager_urls)")
+    alert.add_argument("--resend-interval", metavar="DURATION",
+                       help="how often open alerts are re-sent (default alert.resend_interval_s)")
+    alert.set_defaults(handler=_cmd_alert)
+
     lab_command = command("lab", help="run real Flink jobs that fail in known ways; record them")
     lab_command.add_argument("scenario", nargs="?", help="a named scenario (`sentinel lab --list`)")
     lab_command.add_argument("--list", action="store_true", help="show the named scenarios, or with --grid its variants")
@@ -575,9 +604,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from infra.flink_cluster import FlinkClusterError
     from pipelines.collector.ledger import LedgerError
     from pipelines.lab import LabError
+    from pipelines.alerting import AlertmanagerUnavailable
 
     return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable,
-            FlinkClusterError, LedgerError, LabError)
+            FlinkClusterError, LedgerError, LabError, AlertmanagerUnavailable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

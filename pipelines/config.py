@@ -221,6 +221,31 @@ class CollectorConfig(_Strict):
     metrics_port: int | None = Field(9465, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
 
+class AlertConfig(_Strict):
+    """`sentinel alert`: the incident topic -> Alertmanager's v2 API."""
+
+    alertmanager_urls: list[str] = Field(default_factory=list, description="Alertmanager base URLs (every member of "
+                                                                          "an HA pair); --alertmanager overrides.")
+    group_id: str = Field("checkpoint-sentinel-alert", min_length=1,
+                          description="Consumer group whose committed offsets mark what has been delivered.")
+    resend_interval_s: float = Field(60.0, gt=0, description="Open alerts are re-sent this often (each time ending "
+                                                             "4 intervals later unless re-sent, as Prometheus does).")
+    request_timeout_s: float = Field(10.0, gt=0, description="Timeout of one request to an Alertmanager.")
+    max_backoff_s: float = Field(30.0, gt=0, description="Longest wait between two tries while no Alertmanager "
+                                                         "accepts the alerts (nothing is dropped meanwhile).")
+    incident_url: str | None = Field(None, description="Link to an incident's page, with {incident_id} in it, "
+                                                       "e.g. https://sentinel.example/incidents/{incident_id}.html "
+                                                       "(the annotation `incident_url`).")
+
+    @field_validator("alertmanager_urls")
+    @classmethod
+    def _http_urls(cls, values: list[str]) -> list[str]:
+        for value in values:
+            if not re.fullmatch(r"https?://[^/\s]+(/.*)?", value):
+                raise ValueError(f"'{value}' is not an http(s):// URL")
+        return [value.rstrip("/") for value in values]
+
+
 class LabConfig(_Strict):
     """`sentinel lab`: a local Flink standalone cluster running real failure scenarios."""
 
@@ -250,6 +275,7 @@ class SentinelConfig(_Strict):
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    alert: AlertConfig = Field(default_factory=AlertConfig)
     lab: LabConfig = Field(default_factory=LabConfig)
 
     def resolved(self, base_dir: Path) -> "SentinelConfig":

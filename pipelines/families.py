@@ -32,3 +32,6 @@ EXPLAINED_BY: dict[str, tuple[str, ...]] = {
 }
 # Symptoms that must sit on the cause's own vertex to be explained by it.
 SAME_VERTEX = {(BACKPRESSURE, SKEW)}
+# The Alertmanager ``alertname`` of each family's incidents (an incident's ``labels.alertname``).
+ALERTNAMES = {STATE_LEAK: "FlinkStateLeak", BACKPRESSURE: "FlinkBackpressure", SKEW: "FlinkSkew",
+              CHECKPOINT_FAILURE: "FlinkCheckpointFailure", ANOMALY: "FlinkAnomaly"}

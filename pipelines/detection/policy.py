@@ -39,7 +39,7 @@ import pandas as pd
 
 from models.post_rule import DEFAULT_WARMUP_HORIZON_S, PostRule
 from pipelines.detection import evidence as ev
-from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, SAME_VERTEX,
+from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, SAME_VERTEX,
                                 STATE_LEAK)
 
 SCHEMA_VERSION = 1
@@ -370,6 +370,16 @@ def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
     return events
 
 
+def incident_labels(family: str, record: dict, open_: dict, severity: str, kind: str) -> dict:
+    """Routing labels: all but ``severity`` and ``event`` name the incident's alert (its identity in
+    Alertmanager: an alertname per family, the cluster, the job and the vertex), so an incident's
+    opened, updated and resolved events are one alert; ``severity`` routes it, ``event`` is kept
+    for consumers of contract v1 that read it."""
+    return {"alertname": ALERTNAMES[family], "cluster": record["cluster"], "job_name": record.get("job_name") or "",
+            "job_id": record["job_id"], "vertex_id": open_.get("vertex_id") or "",
+            "vertex": open_.get("vertex_name") or "", "family": family, "severity": severity, "event": kind}
+
+
 def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severity: str) -> dict:
     open_, family, ts = entity["open"], record["family"], int(record["ts"])
     open_.setdefault("vertex_id", record.get("vertex_id"))
@@ -408,8 +418,7 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
         "evidence": ev.evidence(family, record, recent),
         "forecast": forecast,
         "runbook": ev.runbook(family, record),
-        "labels": {"cluster": record["cluster"], "job_name": record.get("job_name") or "", "family": family,
-                   "severity": severity, "event": kind},
+        "labels": incident_labels(family, record, open_, severity, kind),
     }
     if open_.get("symptoms"):
         event["symptoms"] = _public_symptoms(open_)

@@ -9,6 +9,7 @@ import pytest
 
 from models.post_rule import PostRule
 from pipelines.contracts import INCIDENT
+from pipelines.families import ALERTNAMES
 from pipelines.detection import policy
 from pipelines.detection.policy import PolicySettings, step
 from pipelines.families import FAMILIES
@@ -121,8 +122,10 @@ def test_each_family_names_where_and_what(family, features, expected):
         assert opened["subtask_index"] == 3
     if family == "checkpoint_failure":
         assert opened["evidence"]["last_failure_message"] == "Checkpoint expired"
-    assert opened["labels"] == {"cluster": "c", "job_name": "orders", "family": family, "severity": opened["severity"],
-                                "event": "opened"}
+    # The alert's identity (alertname per family, cluster, job, vertex) with severity and event beside it.
+    assert opened["labels"] == {"alertname": ALERTNAMES[family], "cluster": "c", "job_name": "orders", "job_id": "j1",
+                                "vertex_id": vertex or "", "vertex": "Window" if vertex else "", "family": family,
+                                "severity": opened["severity"], "event": "opened"}
 
 
 def together(*parts):

@@ -1,0 +1,256 @@
+"""`sentinel alert` against a real Alertmanager (Debian's prometheus-alertmanager) and the real broker.
+
+Alertmanager runs with the shipped ``infra/alertmanager/alertmanager.yml``, its receivers pointed at
+a webhook in this test, so what on-call would be paged with is what the test reads.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.embedded_stack import free_port
+from models.post_rule import PostRule
+from pipelines.alerting import AlertRelay, alert_labels
+from pipelines.contracts import INCIDENT
+from pipelines.detection import policy
+from pipelines.io import kafka_clients
+from tests.conftest import PROJECT_ROOT
+from tests.pipelines.detection.test_policy import rows_and_scores
+
+SHIPPED_CONFIG = PROJECT_ROOT / "infra" / "alertmanager" / "alertmanager.yml"
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, env=env, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus-alertmanager"],
+                       check=True, capture_output=True, env=env, timeout=900)
+        found = shutil.which(name)
+    assert found, f"{name} is not on the PATH after installing Debian's prometheus-alertmanager"
+    return found
+
+
+class Webhook:
+    """The receiver Alertmanager notifies: what on-call would be paged with."""
+
+    def __init__(self):
+        self.notifications: list[dict] = []
+        hook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                hook.notifications.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def statuses(self, alertname: str) -> list[tuple[str, str]]:
+        """(status, severity) of each notified alert named ``alertname``, in order."""
+        return [(a["status"], a["labels"]["severity"]) for n in self.notifications for a in n["alerts"]
+                if a["labels"]["alertname"] == alertname]
+
+
+class Alertmanager:
+    def __init__(self, folder: Path, webhook: Webhook):
+        self.binary = _binary("prometheus-alertmanager")
+        self.folder, self.port = folder, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        settings = yaml.safe_load(SHIPPED_CONFIG.read_text())
+        settings["route"].update(group_wait="0s", group_interval="1s")  # notify at once, for the test
+        for receiver in settings["receivers"]:
+            for hook in receiver["webhook_configs"]:
+                hook["url"] = f"{webhook.url}/{receiver['name']}"
+        (folder / "alertmanager.yml").write_text(yaml.safe_dump(settings))
+        self.process = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, f"--config.file={self.folder / 'alertmanager.yml'}", f"--storage.path={self.folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+            stdout=open(self.folder / "alertmanager.log", "ab"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("Alertmanager did not become ready: " + (self.folder / "alertmanager.log").read_text())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+    def alerts(self) -> list[dict]:
+        """The active alerts in Alertmanager's v2 API."""
+        return json.loads(urllib.request.urlopen(f"{self.url}/api/v2/alerts", timeout=5).read())
+
+
+@pytest.fixture
+def alertmanager(tmp_path):
+    webhook = Webhook()
+    manager = Alertmanager(tmp_path, webhook)
+    manager.webhook = webhook
+    manager.start()
+    yield manager
+    if manager.process.poll() is None:
+        manager.stop()
+    webhook.server.shutdown()
+
+
+def wait_for(condition, timeout_s: float = 20, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def skew_incident(job: str = "j1") -> tuple[dict, dict, dict]:
+    """An opened, an escalated and a resolved event of one skew incident, from the real policy."""
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (20, 0.1), (21, 0.1), (35, 0.1)], family="skew", job=job,
+                                   hot_subtask=2.0, records_in_max_over_mean=4.0)
+    opened, resolved = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
+    escalated = {**opened, "event": "updated", "severity": "critical", "updated_at": opened["updated_at"] + 60_000,
+                 "summary": opened["summary"].replace("[warning]", "[critical]"),
+                 "labels": {**opened["labels"], "severity": "critical", "event": "updated"}}
+    for event in (opened, escalated, resolved):
+        assert INCIDENT.errors(event) == []
+    return opened, escalated, resolved
+
+
+def publish(config, *events: dict) -> None:
+    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    for event in events:
+        producer.send(config.topics.incidents, key=event["incident_id"].encode(), value=json.dumps(event).encode())
+    producer.flush()
+    producer.close()
+
+
+class RunningRelay:
+    def __init__(self, config, urls):
+        self.relay = AlertRelay(config, urls)
+        self.stop_event = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            self.relay.run(self.stop_event)
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+
+    def stop(self):
+        self.stop_event.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive() and self.error is None, self.error
+
+
+def of_incident(alerts: list[dict], incident: dict) -> list[dict]:
+    return [a for a in alerts if a["annotations"].get("incident_id") == incident["incident_id"]]
+
+
+def test_an_incident_opened_escalated_and_resolved_is_one_alert_active_then_resolved(config, alertmanager):
+    config.alert.resend_interval_s = 1.0
+    opened, escalated, resolved = skew_incident()
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        publish(config, opened)
+        (alert,) = wait_for(lambda: of_incident(alertmanager.alerts(), opened), what="the opened alert")
+        assert alert["labels"] == {"alertname": "FlinkSkew", "cluster": "c", "job_name": "orders", "job_id": "j1",
+                                   "vertex_id": "v1", "vertex": "Window", "family": "skew", "severity": "warning"}
+        assert alert["startsAt"].startswith("1970-01-01T00:01:00")  # opened_at, event time
+        assert alert["annotations"]["summary"] == opened["summary"]
+        assert alert["annotations"]["runbook"].startswith("1. ")
+        assert alert["status"]["state"] == "active"
+
+        publish(config, escalated)
+        wait_for(lambda: [a["labels"]["severity"] for a in of_incident(alertmanager.alerts(), opened)] == ["critical"],
+                 what="the escalated alert, alone")
+        wait_for(lambda: ("firing", "critical") in alertmanager.webhook.statuses("FlinkSkew"),
+                 what="on-call paged with the critical alert")
+
+        publish(config, resolved)
+        wait_for(lambda: of_incident(alertmanager.alerts(), opened) == [], what="the alert to end")
+        # On-call was paged for the warning, then the critical, and told when each ended.
+        statuses = wait_for(lambda: (s := alertmanager.webhook.statuses("FlinkSkew"))
+                            and ("resolved", "critical") in s and s, what="the resolved notification")
+        assert statuses[0] == ("firing", "warning")
+        assert ("firing", "critical") in statuses and ("resolved", "warning") in statuses
+        assert statuses.index(("firing", "critical")) < statuses.index(("resolved", "critical"))
+    finally:
+        relay.stop()
+    assert relay.relay.stats.events == 3 and relay.relay.stats.failed_tries == 0
+
+
+def test_alerts_survive_an_alertmanager_outage_and_a_relay_restart(config, alertmanager):
+    config.alert.resend_interval_s = 1.0
+    first, _, first_resolved = skew_incident(job="j1")
+    second, _, _ = skew_incident(job="j2")
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        publish(config, first)
+        wait_for(lambda: of_incident(alertmanager.alerts(), first), what="the first alert")
+        # Alertmanager goes away (and forgets every alert: they are not persisted) ...
+        alertmanager.stop()
+        publish(config, second)
+        wait_for(lambda: relay.relay.stats.failed_tries >= 2, what="the relay to retry")
+        # ... and comes back: the undelivered alert arrives, the open one is re-sent.
+        alertmanager.start()
+        wait_for(lambda: of_incident(alertmanager.alerts(), first) and of_incident(alertmanager.alerts(), second),
+                 what="both alerts after the restart")
+    finally:
+        relay.stop()
+
+    # While no relay runs, the first incident resolves; a new relay (same consumer group) delivers
+    # that, keeps the second one alive, and sends nothing twice that was delivered before.
+    publish(config, first_resolved)
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        wait_for(lambda: not of_incident(alertmanager.alerts(), first), what="the first alert to end")
+        (still_open,) = of_incident(alertmanager.alerts(), second)
+        assert alert_labels(second) == still_open["labels"]
+        wait_for(lambda: relay.relay.stats.posts >= 2, what="a re-send")
+    finally:
+        relay.stop()
+    assert relay.relay.stats.events == 3  # two rebuilt from the topic, one delivered
+    assert of_incident(alertmanager.alerts(), second)
+
+
+def test_an_unreachable_alertmanager_stops_the_command_with_what_to_fix(config, tmp_path):
+    from tests.test_cli import run_sentinel
+
+    result = run_sentinel("alert", "--alertmanager", "http://127.0.0.1:9", env={
+        "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+        "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents}, timeout=60)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no Alertmanager is reachable (http://127.0.0.1:9:" in result.stderr
+    assert "--alertmanager" in result.stderr
+
+
+def test_the_shipped_alertmanager_config_is_valid():
+    checked = subprocess.run([_binary("amtool"), "check-config", str(SHIPPED_CONFIG)], capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "SUCCESS" in checked.stdout and "1 inhibit rules" in checked.stdout
