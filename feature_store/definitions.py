@@ -93,8 +93,8 @@ FEATURES: tuple[Feature, ...] = (
             "job restarts"),
     Feature("checkpoint_failures_counted", "checkpoint_failure", "job", "checkpoints",
             f"last {FAILURE_COUNT_WINDOW_MS // 60_000} min",
-            "increase of Flink's failed-checkpoint counter: also failures that never reach the checkpoint history "
-            "(a trigger that could not start, a restart)"),
+            "increase of Flink's failed-checkpoint counter: also failures that never reach the checkpoint history, "
+            "less the triggers a run's starting tasks decline (before its first checkpoint in the history)"),
     Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
     Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 20 polls", "relative slope of JobManager heap"),
     Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",

@@ -198,7 +198,10 @@ class JobFeatureState:
     first_seen_ts: int | None = None
     first_checkpoint: list | None = None  # [trigger_ts, checkpoint_id] of the first checkpoint seen
     restarted_ts: int | None = None  # when num_restarts last went up
-    failed_counts: list = field(default_factory=list)  # [[ts, checkpoints_failed_total], ...] (Flink's counter)
+    failed_counts: list = field(default_factory=list)  # [[ts, counted failures], ...] (Flink's counter, less the excused)
+    failed_polled: list | None = None  # [ts, checkpoints_failed_total] of the latest status
+    failed_excused: int = 0  # counter increments that were trigger failures while the run's tasks started
+    run_first_checkpoint_ts: int | None = None  # trigger time of the current run's first checkpoint in history
     retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
@@ -293,6 +296,8 @@ class JobFeatureState:
         if failed and any(m in (event.get("failure_message") or "") for m in STOPPING_FAILURES):
             return
         self.age_checkpoints += 1
+        if self.run_first_checkpoint_ts is None:
+            self.run_first_checkpoint_ts = int(event.get("trigger_ts") or ts)
         if self.first_checkpoint is None and event.get("checkpoint_id") is not None:
             self.first_checkpoint = [event.get("trigger_ts") or ts, event["checkpoint_id"]]
         if failed:
@@ -351,10 +356,20 @@ class JobFeatureState:
             del self.heap[:-HEAP_POLLS]
         if self.restarts and event["num_restarts"] > self.restarts[-1][1]:
             self.restarted_ts = ts
+            self.run_first_checkpoint_ts = None
         self.restarts.append([ts, event["num_restarts"]])
         self.restarts = [r for r in self.restarts if r[0] >= ts - RESTART_WINDOW_MS]
-        if event.get("checkpoints_failed_total") is not None:
-            self.failed_counts.append([ts, event["checkpoints_failed_total"]])
+        total = event.get("checkpoints_failed_total")
+        if total is not None:
+            previous = self.failed_polled
+            if previous is not None and total > previous[1] and (
+                    self.run_first_checkpoint_ts is None or previous[0] <= self.run_first_checkpoint_ts):
+                # Flink counts a checkpoint it could not trigger because the tasks were not running
+                # yet (every job start, every restart) as failed, without a history entry; a real
+                # failure of a started run shows in the history (measured on the lab's runs).
+                self.failed_excused += total - previous[1]
+            self.failed_polled = [ts, total]
+            self.failed_counts.append([ts, total - self.failed_excused])
             self.failed_counts = [c for c in self.failed_counts if c[0] >= ts - FAILURE_COUNT_WINDOW_MS]
         if event["state"] in TERMINAL_STATES:
             self.terminated = True

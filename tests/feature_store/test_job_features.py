@@ -253,13 +253,18 @@ def test_new_highs_and_plateaus_tell_growth_that_resumed_from_warm_up():
 
 
 def test_failures_flink_counts_without_a_checkpoint_and_failures_a_cancellation_causes():
-    events = [status(T0, failed_total=2), checkpoint(T0 + 5_000, 100), status(T0 + 10_000, failed_total=4),
-              status(T0 + 20_000, failed_total=5)]
+    events = [status(T0, failed_total=2), checkpoint(T0 + 5_000, 100), status(T0 + 10_000, failed_total=2),
+              status(T0 + 20_000, failed_total=4), status(T0 + 30_000, failed_total=5)]
     job = rows_at(events, vertex=None)
     assert job["checkpoint_failures_counted"] == 3  # within the last two minutes; no failed checkpoint event
+    # Triggers declined while the job's tasks start (before its first checkpoint) are not failures,
+    # even when the first checkpoint completes within the same poll.
+    starting = [status(T0, failed_total=0), status(T0 + 5_000, failed_total=3), checkpoint(T0 + 12_000, 100),
+                status(T0 + 15_000, failed_total=4), status(T0 + 20_000, failed_total=4)]
+    assert rows_at(starting, vertex=None)["checkpoint_failures_counted"] == 0
     assert job["checkpoint_failed_fraction"] == 0.0
-    cancelled = events + [{**checkpoint(T0 + 25_000, 0, "FAILED"),
+    cancelled = events + [{**checkpoint(T0 + 35_000, 0, "FAILED"),
                            "failure_message": "Checkpoint Coordinator is suspending."},
-                          status(T0 + 26_000, state="CANCELED", failed_total=6)]
+                          status(T0 + 36_000, state="CANCELED", failed_total=6)]
     job = rows_at(cancelled, vertex=None)
     assert job["checkpoint_failed_fraction"] == 0.0 and job["job_age_checkpoints"] == 1
