@@ -26,6 +26,7 @@ FEATURE_SET_VERSION = 3  # bump when a family's feature list changes meaning
 # scored 1e-7 on every lab run). Start-up is told apart by what it looks like (every vertex busy,
 # none backpressured), and a leak's warm-up by the post-rule's horizon.
 CONTEXT = ("checkpoint_interval_ms",)
+AGE = ("job_age_s", "job_age_checkpoints")
 # Absolute sizes differ by orders of magnitude between jobs (a lab job's megabytes, a fleet's
 # gigabytes): a detector that splits on them learns the jobs it saw, not the failure.
 ABSOLUTE = ("state_size_bytes", "vertex_state_size_bytes", "state_growth_bytes_per_record", "persisted_inflight_bytes")
@@ -40,14 +41,21 @@ def default_features(family: str) -> tuple[str, ...]:
         return CONTEXT + _relative(features_of("state_leak")) + (
             "busy_reported", "state_reported", "limit_known")
     if family == "backpressure":
-        return CONTEXT + _relative(features_of("backpressure")) + ("busy_reported",) + (
-            "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout")
+        # No buffer-pool usage: a saturated operator fed over a local channel (the same TaskManager)
+        # reports inPoolUsage 0 on Flink 2.3 (measured in the lab), over the network close to 1;
+        # the backpressured time of the vertices around it says the same thing either way.
+        named = tuple(n for n in _relative(features_of("backpressure")) if n not in ("in_pool_max", "out_pool_max"))
+        return CONTEXT + named + ("busy_reported", "checkpoint_duration_over_interval",
+                                  "checkpoint_duration_over_timeout")
     if family == "skew":
-        return CONTEXT + features_of("skew") + ("busy_max", "start_delay_max_ms")
+        # hot_subtask is an index: where the skew is, not whether.
+        return CONTEXT + tuple(n for n in features_of("skew") if n != "hot_subtask") + ("busy_max", "start_delay_max_ms")
     if family == "checkpoint_failure":
         return CONTEXT + features_of("checkpoint_failure")
     if family == "anomaly":
-        return tuple(f.name for f in FEATURES if f.level == "job")
+        # What is new about a job's behaviour, not about its size or age: a fleet's jobs differ by
+        # orders of magnitude in both, and a young or small job is not an anomaly.
+        return tuple(f.name for f in FEATURES if f.level == "job" and f.name not in ABSOLUTE + AGE)
     raise ValueError(f"unknown family {family!r}")
 
 
@@ -125,14 +133,14 @@ class FamilyDetector(_Scorer):
     config: DetectorConfig
     model: Any = field(default=None, repr=False)
 
-    def fit(self, frame: pd.DataFrame, is_family: np.ndarray) -> "FamilyDetector":
+    def fit(self, frame: pd.DataFrame, is_family: np.ndarray, sample_weight: np.ndarray | None = None) -> "FamilyDetector":
         y = np.asarray(is_family, dtype=int)
         if y.min() == y.max():
             raise ValueError(f"{self.config.family}: training rows need both positive and negative labels")
         self.model = HistGradientBoostingClassifier(
             learning_rate=self.config.learning_rate, max_depth=self.config.max_depth, max_iter=self.config.max_iter,
             random_state=self.config.seed, class_weight="balanced",
-        ).fit(_matrix(frame, self.config.features), y)
+        ).fit(_matrix(frame, self.config.features), y, sample_weight=sample_weight)
         return self
 
     def _score(self, frame: pd.DataFrame) -> np.ndarray:
@@ -152,12 +160,14 @@ class NoveltyDetector(_Scorer):
     model: Any = field(default=None, repr=False)
     medians: dict[str, float] = field(default_factory=dict)
 
-    def fit(self, frame: pd.DataFrame, is_healthy: np.ndarray | None = None) -> "NoveltyDetector":
-        healthy = frame if is_healthy is None else frame[np.asarray(is_healthy, dtype=bool)]
-        X = healthy.loc[:, list(self.config.features)].astype("float64")
+    def fit(self, frame: pd.DataFrame, is_healthy: np.ndarray | None = None,
+            sample_weight: np.ndarray | None = None) -> "NoveltyDetector":
+        keep = np.ones(len(frame), dtype=bool) if is_healthy is None else np.asarray(is_healthy, dtype=bool)
+        X = frame[keep].loc[:, list(self.config.features)].astype("float64")
         self.medians = {k: (0.0 if np.isnan(v) else float(v)) for k, v in X.median().items()}
         self.model = IsolationForest(n_estimators=self.config.n_estimators, random_state=self.config.seed)
-        self.model.fit(X.fillna(self.medians).to_numpy())
+        self.model.fit(X.fillna(self.medians).to_numpy(),
+                       sample_weight=None if sample_weight is None else np.asarray(sample_weight)[keep])
         return self
 
     def _score(self, frame: pd.DataFrame) -> np.ndarray:

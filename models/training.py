@@ -162,7 +162,8 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
         for split in ("train", "validation", "test"):
             truth_path = Path(dataset) / split / "ground_truth.jsonl"
             if truth_path.is_file():
-                rows.setdefault(split, []).append(offline_store.training_set(spark, store, [truth_path]).toPandas())
+                rows.setdefault(split, []).append(offline_store.training_set(spark, store, [truth_path]).toPandas()
+                                                  .assign(source=Path(dataset).name))
                 truths.setdefault(split, []).extend(offline_store.read_truth_lines(truth_path))
     missing = {"train", "validation", "test"} - set(rows)
     if missing:
@@ -170,10 +171,20 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
     return {split: Runs(pd.concat(parts, ignore_index=True), truths[split]) for split, parts in rows.items()}
 
 
+def source_weights(rows: pd.DataFrame) -> np.ndarray | None:
+    """Row weights that give every dataset the same say: the simulator makes rows by the hundred
+    thousand, the real-Flink corpus by the thousand, and real Flink is what the detectors must get
+    right (without this, a tree learns the simulator's quirks and ignores the lab)."""
+    if "source" not in rows.columns or rows["source"].nunique() < 2:
+        return None
+    counts = rows["source"].map(rows["source"].value_counts()).to_numpy(dtype="float64")
+    return len(rows) / (rows["source"].nunique() * counts)
+
+
 def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
     detector = make_detector(DetectorConfig(family, seed=seed, **params))
     target = (train["label"] == "healthy").to_numpy() if family == ANOMALY else positives(train, family)
-    return detector.fit(train, target)
+    return detector.fit(train, target, sample_weight=source_weights(train))
 
 
 def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings, seed: int, grid: dict,
