@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 from feature_store.job_features import STOPPING_FAILURES
 from pipelines import datasets
 from pipelines.datasets import read_jsonl, write_jsonl
-from pipelines.families import CHECKPOINT_FAILURE
+from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE
 from pipelines.lab.scenarios import NAMED, LabVariant
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,10 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
                 continue  # the cause never failed a checkpoint in this run
             onset = failures[0]
         vertex_id = names.get(fault.vertex) if fault.vertex else None
+        if fault.family == BACKPRESSURE:
+            onset = backpressure_onset(events, vertex_id, onset)
+            if onset is None:
+                continue  # the slowdown never backed up into another vertex in this run
         faults.append({"family": fault.family, "onset_ts": onset, "vertex_id": vertex_id,
                        "vertex_name": fault.vertex if vertex_id else None,
                        "subtask_index": _hot_subtask(events, vertex_id, onset_ms) if fault.hot_subtask else None,
@@ -166,6 +170,20 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
             "family": faults[0]["family"] if faults else "healthy", "families": sorted({f["family"] for f in faults}),
             "run_id": variant.run_id, "seed": None, "index": 0, "start_ts": start_ts, "end_ts": end_ts,
             "source": "lab", "faults": faults}
+
+
+BACKPRESSURED_MS_PER_S = 100.0  # Flink's web UI calls a subtask backpressured from 10 % of its time
+
+
+def backpressure_onset(events: Sequence[dict], culprit_vertex_id: str | None, onset_ts: int) -> int | None:
+    """When another vertex first waits on the culprit: backpressure is what Flink reports, and
+    until the buffers between them are full a slow operator's backlog is invisible to it (a hot
+    subtask among four can take minutes to fill its channel's share; measured in the lab)."""
+    return min((event["ts"] for event in events
+                if event["kind"] == "vertex_metrics" and event["ts"] >= onset_ts
+                and event["vertex_id"] != culprit_vertex_id
+                and any((s.get("backpressured_time_ms_per_s") or 0.0) >= BACKPRESSURED_MS_PER_S
+                        for s in event.get("subtasks") or [])), default=None)
 
 
 def _hot_subtask(events: Sequence[dict], vertex_id: str | None, onset_ms: int) -> int | None:
