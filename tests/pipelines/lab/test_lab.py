@@ -22,6 +22,24 @@ def _checkpoint(job_id: str, ts: int, status: str = "COMPLETED", message: str | 
             "checkpoint_id": ts, "status": status, "failure_message": message}
 
 
+def _upstream(job_id: str, ts: int, backpressured: float) -> dict:
+    return {"schema_version": 1, "kind": "vertex_metrics", "cluster": "lab", "job_id": job_id, "job_name": "j",
+            "ts": ts, "vertex_id": "u" * 32, "vertex_name": "assign-key", "parallelism": 1,
+            "subtasks": [{"index": 0, "records_in_per_s": 100.0, "backpressured_time_ms_per_s": backpressured}]}
+
+
+def test_backpressure_begins_when_another_vertex_first_waits_and_not_before():
+    job_id = "b" * 32
+    # The slowdown is injected at 500; the buffers absorb it until the upstream waits at 3000.
+    events = [_upstream(job_id, 1000, 0.0), _upstream(job_id, 2000, 60.0), _upstream(job_id, 3000, 400.0),
+              _upstream(job_id, 4000, 990.0)]
+    truth = lab.ground_truth(lab.scenario("backpressure", 240), job_id, "j", events, onset_ms=500, submitted_at=0)
+    assert [(f["family"], f["onset_ts"]) for f in truth["faults"]] == [("backpressure", 3000)]
+    # A slowdown that never backs up into another vertex is no backpressure at all.
+    calm = [_upstream(job_id, 1000, 0.0), _upstream(job_id, 2000, 60.0)]
+    assert lab.ground_truth(lab.scenario("backpressure", 240), job_id, "j", calm, onset_ms=500, submitted_at=0)["faults"] == []
+
+
 def test_skew_truth_names_the_subtask_that_got_the_hot_key_after_the_onset():
     job_id = "a" * 32
     events = [_vertex_event(job_id, 1000, [900.0, 10.0]),  # before the onset: does not count
@@ -35,7 +53,7 @@ def test_skew_truth_names_the_subtask_that_got_the_hot_key_after_the_onset():
 
 def test_checkpoint_failures_are_labelled_where_the_run_really_had_them():
     job_id = "c" * 32
-    quiet = [_vertex_event(job_id, 1000, [1.0]), _checkpoint(job_id, 2000)]
+    quiet = [_vertex_event(job_id, 1000, [1.0]), _upstream(job_id, 1000, 500.0), _checkpoint(job_id, 2000)]
     # Backpressure that never failed a checkpoint: its planned symptom is not labelled.
     truth = lab.ground_truth(lab.scenario("backpressure", 240), job_id, "j", quiet, onset_ms=500, submitted_at=0)
     assert truth["families"] == ["backpressure"]
