@@ -137,7 +137,8 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
                  submitted_at: int, cancelled_at: int | None = None) -> dict:
     """The dataset's ground-truth shape, from what the run did: each fault's vertex is found by its
     operator name, a skew's hot subtask is the one that received most records after the onset,
-    and checkpoint failures are labelled where the run really had failed checkpoints."""
+    backpressure begins where another vertex first waits on the culprit, and checkpoint failures
+    are labelled where the run really had failed checkpoints."""
     times = [e["ts"] for e in events]
     start_ts, end_ts = (min(times), max(times)) if times else (submitted_at, submitted_at)
     names = {e["vertex_name"]: e["vertex_id"] for e in events if e["kind"] == "vertex_metrics"}
