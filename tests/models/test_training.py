@@ -89,6 +89,8 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
     """A dry run against the session's champions: a detector that sees only the job's age and
     checkpoint interval misses the backpressure of the lab's validation runs the champion finds."""
     blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
+    registry.use_config(trained_store)
+    challenger_before = registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER)
     lines: list[str] = []
     (outcome,) = run_training(spark, trained_store, trained_datasets, families=["backpressure"], grid=blind,
                               dry_run=True, progress=lines.append)
@@ -96,5 +98,5 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
     assert outcome.champion["faults_found"] > outcome.challenger_gate["faults_found"]
     assert any(r.startswith("on the real-Flink validation runs: faults found") and "worse than the champion's" in r
                for r in outcome.reasons), outcome.reasons
-    registry.use_config(trained_store)
-    assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) is None
+    registry.use_config(trained_store)  # a dry run registers nothing and moves no alias
+    assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) == challenger_before
