@@ -85,12 +85,16 @@ def _source(event_paths: Sequence[str | Path], idle_timeout_ms: int) -> dict:
 
 
 def _code_version() -> str:
-    """A fingerprint of the feature computation's code: features computed by other code are stale."""
+    """A fingerprint of the feature computation's code (the state machine, the definitions and
+    windows it reads, the Spark driver): features computed by other code are stale."""
     import hashlib
 
-    from feature_store import job_features
+    from feature_store import compute, definitions, job_features
 
-    return hashlib.sha256(Path(job_features.__file__).read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256()
+    for module in (job_features, definitions, compute):
+        digest.update(Path(module.__file__).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def backfilled_from(root: str | Path, event_paths: Sequence[str | Path], idle_timeout_ms: int) -> bool:

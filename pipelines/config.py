@@ -188,6 +188,13 @@ class StackConfig(_Strict):
     startup_timeout_s: float = Field(60.0, gt=0)
 
 
+def _http_url(value: str) -> str:
+    """A base URL of an HTTP API, without its trailing slash."""
+    if not re.fullmatch(r"https?://[^/\s]+(/.*)?", value):
+        raise ValueError(f"'{value}' is not an http(s):// URL")
+    return value.rstrip("/")
+
+
 class FlinkClusterEndpoint(_Strict):
     """One Flink deployment the collector polls."""
 
@@ -200,9 +207,7 @@ class FlinkClusterEndpoint(_Strict):
     @field_validator("rest_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.fullmatch(r"https?://[^/\s]+(/.*)?", value):
-            raise ValueError(f"'{value}' is not an http(s):// URL")
-        return value.rstrip("/")
+        return _http_url(value)
 
 
 class CollectorConfig(_Strict):
@@ -240,10 +245,7 @@ class AlertConfig(_Strict):
     @field_validator("alertmanager_urls")
     @classmethod
     def _http_urls(cls, values: list[str]) -> list[str]:
-        for value in values:
-            if not re.fullmatch(r"https?://[^/\s]+(/.*)?", value):
-                raise ValueError(f"'{value}' is not an http(s):// URL")
-        return [value.rstrip("/") for value in values]
+        return [_http_url(value) for value in values]
 
 
 class LabConfig(_Strict):
