@@ -280,6 +280,54 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
+    import json
+    import time
+    from pathlib import Path
+
+    from pipelines.datasets import read_jsonl
+    from pipelines.detection.incident_page import write_pages
+    from pipelines.io import kafka_clients
+
+    for path in [*(args.incidents or []), *(args.events or [])]:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no such file: {path}")
+    kafka = config.kafka
+    if not args.incidents or not args.events:
+        kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
+
+    def from_topic(topic: str, keep=None) -> list[dict]:
+        consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
+        try:
+            records = kafka_clients.read_records(consumer, topic, args.read_timeout, keep)
+        finally:
+            consumer.close()
+        out = []
+        for record in sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset)):
+            try:
+                out.append(json.loads(record.value))
+            except ValueError:
+                continue  # a bad input record is the dead-letter topic's business, not the page's
+        return out
+
+    started = time.monotonic()
+    incidents = ([i for path in args.incidents for i in read_jsonl(Path(path))] if args.incidents
+                 else from_topic(config.topics.incidents))
+    if not incidents:
+        print("no incidents to report" + ("" if args.incidents else f" on {config.topics.incidents}"))
+        return 0
+    if args.events:
+        events = (e for path in args.events for e in read_jsonl(Path(path)))
+    else:
+        keys = {f"{i['cluster']}/{i['job_id']}".encode() for i in incidents}
+        events = from_topic(config.topics.input, keep=lambda r: r.key in keys)
+    out = Path(args.out) if args.out else Path(config.state_dir) / "incidents"
+    pages = write_pages(incidents, events, out, only=args.incident or ())
+    print(f"{len(pages) - 1} incident pages and the index of open incidents -> {pages[0]} "
+          f"({time.monotonic() - started:.1f}s)")
+    return 0
+
+
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     from infra.embedded_stack import EmbeddedStack
     from models import registry
@@ -544,6 +592,19 @@ def build_parser() -> argparse.ArgumentParser:
                            help="table (default), or one JSON incident event per line for scripts (jq)")
     incidents.set_defaults(handler=_cmd_incidents)
 
+    report = command("report", help="an HTML page per incident (plots, evidence, runbook) and an index of open ones")
+    report.add_argument("--incidents", action="append", metavar="INCIDENTS.jsonl",
+                        help="incident events, e.g. from `sentinel replay --out` (default: the incident topic)")
+    report.add_argument("--events", action="append", metavar="EVENTS.jsonl[.gz]",
+                        help="the jobs' input events (default: the input topic, the incidents' jobs only)")
+    report.add_argument("--incident", action="append", metavar="INCIDENT_ID", help="only this incident's page "
+                                                                                  "(repeatable; the index lists all)")
+    report.add_argument("--out", metavar="DIR", help="where the pages go (default <state_dir>/incidents); serve it "
+                                                     "and set alert.incident_url to link alerts to the pages")
+    report.add_argument("--read-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="longest time to read a topic up to its end (default 300)")
+    report.set_defaults(handler=_cmd_report)
+
     demo = command("demo", help="what `make run` runs: the embedded stack, a simulated fleet and the job")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--fleet", type=int, default=24, help="simulated jobs (default 24: every family, healthy "
@@ -605,9 +666,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipelines.collector.ledger import LedgerError
     from pipelines.lab import LabError
     from pipelines.alerting import AlertmanagerUnavailable
+    from pipelines.detection.incident_page import UnknownIncident
 
     return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable,
-            FlinkClusterError, LedgerError, LabError, AlertmanagerUnavailable)
+            FlinkClusterError, LedgerError, LabError, AlertmanagerUnavailable, UnknownIncident)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,8 @@ folder; every test gets topics of its own, so tests never see each other's recor
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -24,6 +26,20 @@ from pipelines.io import kafka_clients  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LAB_CORPUS = PROJECT_ROOT / "data" / "lab"  # the committed real-Flink corpus
+
+
+def debian_binary(name: str, package: str) -> str:
+    """The path of ``name``, installing Debian's ``package`` first when the machine has none
+    (what `make test` needs beyond the virtualenv installs itself)."""
+    found = shutil.which(name)
+    if found is None:
+        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, env=env, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], check=True,
+                       capture_output=True, env=env, timeout=900)
+        found = shutil.which(name)
+    assert found, f"{name} is not on the PATH after installing Debian's {package}"
+    return found
 
 
 def config_for(state_dir: Path, **env: str) -> SentinelConfig:
@@ -123,3 +139,34 @@ def trained_store(tmp_path_factory, spark, trained_datasets):
         if not outcome.promoted:
             registry.set_alias(outcome.registered_name, registry.CHAMPION, outcome.version)
     return config
+
+
+# Three committed lab runs every incident consumer's tests share: a leak on JobManager checkpoint
+# storage (whose 5 MiB limit Flink itself imposes), a hot key, severe backpressure.
+LAB_LEAK_RUN = "leak_start-hashmap-jobmanager-p2-r120-b100-i3000"  # validation split
+LAB_SKEW_RUN = "skew-p4-s0.7-nobp-r200"  # test split
+LAB_BACKPRESSURE_RUN = "backpressure-severe-aligned-p2-r120"  # test split
+
+
+@pytest.fixture(scope="session")
+def lab_replay(spark, trained_store, tmp_path_factory):
+    """The three runs replayed with the session's champions: ``(event files, ReplayResult,
+    {job_id: run_id})`` (the result's rows are the feature rows the live job would log)."""
+    from pipelines.datasets import events_path, read_jsonl, subset
+    from pipelines.detection.job import replay
+    from pipelines.detection.scoring import ChampionCache
+
+    dataset = subset(LAB_CORPUS, [LAB_LEAK_RUN, LAB_SKEW_RUN, LAB_BACKPRESSURE_RUN],
+                     tmp_path_factory.mktemp("lab-runs") / "lab")
+    events = [p for split in ("validation", "test") if (p := events_path(dataset, split)) is not None]
+    result = replay(spark, trained_store, events, ChampionCache(trained_store).require())
+    runs = {t["job_id"]: t["run_id"] for split in ("validation", "test")
+            for t in read_jsonl(dataset / split / "ground_truth.jsonl")}
+    return events, result, runs
+
+
+def first_opened(incidents, family: str, run: str, runs: dict) -> dict:
+    """The first incident of ``family`` opened on lab run ``run``."""
+    found = [i for i in incidents if i["event"] == "opened" and i["family"] == family and runs[i["job_id"]] == run]
+    assert found, f"no {family} incident on {run}: {[(i['family'], runs[i['job_id']]) for i in incidents]}"
+    return found[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -184,8 +184,10 @@ def metadata_consumer(bootstrap_servers: str, client_options: Mapping[str, Any])
     )
 
 
-def read_records(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -> list:
-    """Every record of ``topic`` from the beginning up to its current end, partition by partition.
+def read_records(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0,
+                 keep: Callable[[Any], bool] | None = None) -> list:
+    """Every record of ``topic`` from the beginning up to its current end, partition by partition
+    (only those ``keep`` accepts, when given: the others are not held in memory).
 
     For checks, tools and tests; the streaming job reads through the Spark source instead.
     Raises ``TimeoutError`` if the records below the end offsets do not arrive in time.
@@ -201,6 +203,6 @@ def read_records(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0) -
         if time.monotonic() > deadline:
             raise TimeoutError(f"reading {topic} up to {end} took longer than {timeout_s:.0f}s")
         for batch in consumer.poll(timeout_ms=500).values():
-            records.extend(r for r in batch if r.offset < end[r.partition])
+            records.extend(r for r in batch if r.offset < end[r.partition] and (keep is None or keep(r)))
     consumer.assign([])
     return records

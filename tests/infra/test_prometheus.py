@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, debian_binary
 
 RULES = PROJECT_ROOT / "infra" / "prometheus"
 
@@ -15,15 +14,7 @@ RULES = PROJECT_ROOT / "infra" / "prometheus"
 @pytest.fixture(scope="module")
 def promtool() -> str:
     """Debian's promtool (package prometheus), installed here when the machine has none."""
-    found = shutil.which("promtool")
-    if found is None:
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"], check=True,
-                       capture_output=True, env=env, timeout=900)
-        found = shutil.which("promtool")
-    assert found, "promtool is not on the PATH after installing Debian's prometheus package"
-    return found
+    return debian_binary("promtool", "prometheus")
 
 
 def test_the_alerting_rules_are_valid(promtool):

@@ -7,7 +7,6 @@ a webhook in this test, so what on-call would be paged with is what the test rea
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import threading
 import time
@@ -24,22 +23,14 @@ from pipelines.alerting import AlertRelay, alert_labels
 from pipelines.contracts import INCIDENT
 from pipelines.detection import policy
 from pipelines.io import kafka_clients
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, debian_binary
 from tests.pipelines.detection.test_policy import rows_and_scores
 
 SHIPPED_CONFIG = PROJECT_ROOT / "infra" / "alertmanager" / "alertmanager.yml"
 
 
 def _binary(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus-alertmanager"],
-                       check=True, capture_output=True, env=env, timeout=900)
-        found = shutil.which(name)
-    assert found, f"{name} is not on the PATH after installing Debian's prometheus-alertmanager"
-    return found
+    return debian_binary(name, "prometheus-alertmanager")
 
 
 class Webhook:
