@@ -198,7 +198,7 @@ class EmbeddedStack:
         topics = self.config.topics
         created = kafka_clients.ensure_topics(
             address, self.config.kafka.client_kwargs(),
-            [topics.input, topics.incidents, topics.dead_letter], self.config.kafka.topic_partitions,
+            [topics.input, topics.incidents, topics.dead_letter, topics.feedback], self.config.kafka.topic_partitions,
         )
         if created:
             message += f"; created topics {', '.join(created)} ({self.config.kafka.topic_partitions} partitions)"

@@ -13,7 +13,10 @@ the gate, which replays the validation runs of real Flink (the simulated ones wh
 none) with the challenger in place of its family's champion, through the same post-rules and
 policy the job runs. It must find at least the faults of its family the champion found, with no
 more false incidents and no more false families, and do at least as well as the static alarms
-(faults found minus false incidents and families). A dry run registers nothing and moves no alias.
+(faults found minus false incidents and families). With the fleet's feedback (``sentinel train
+--feedback``), it must also open no more of the incidents on-call called false positives, and
+catch no fewer of those on-call confirmed, than the champion. A dry run registers nothing and
+moves no alias.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from sklearn.metrics import average_precision_score
 
 from feature_store import offline_store
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
+from models import feedback as fleet_feedback
 from models import registry
 from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
 from models.evaluation import Runs, excused_false, judge, row_metrics, static_alarms, truth_overrides
@@ -83,6 +87,7 @@ class FamilyOutcome:
     champion: dict[str, float] = field(default_factory=dict)  # the champion's, on the gate's runs
     challenger_gate: dict[str, float] = field(default_factory=dict)  # the challenger's, on the gate's runs
     champion_version: str | None = None
+    feedback: dict[str, float] = field(default_factory=dict)  # the challenger's, on the fleet's verdicts
 
     def line(self) -> str:
         verdict = "PROMOTED to champion" if self.promoted else "kept the champion"
@@ -174,11 +179,22 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
 def source_weights(rows: pd.DataFrame) -> np.ndarray | None:
     """Row weights that give every dataset the same say: the simulator makes rows by the hundred
     thousand, the real-Flink corpus by the thousand, and real Flink is what the detectors must get
-    right (without this, a tree learns the simulator's quirks and ignores the lab)."""
-    if "source" not in rows.columns or rows["source"].nunique() < 2:
+    right (without this, a tree learns the simulator's quirks and ignores the lab).
+
+    Rows of the fleet's feedback are not a dataset of their own (a handful of verdicts would get
+    a dataset's whole say): each weighs as much as a row of the dataset whose rows weigh most."""
+    if "source" not in rows.columns:
         return None
-    counts = rows["source"].map(rows["source"].value_counts()).to_numpy(dtype="float64")
-    return len(rows) / (rows["source"].nunique() * counts)
+    feedback = (rows["source"] == fleet_feedback.SOURCE).to_numpy()
+    datasets = rows["source"][~feedback]
+    if datasets.nunique() < 2 and not feedback.any():
+        return None
+    weights = np.ones(len(rows))
+    if datasets.nunique() >= 2:
+        counts = datasets.map(datasets.value_counts()).to_numpy(dtype="float64")
+        weights[~feedback] = len(datasets) / (datasets.nunique() * counts)
+    weights[feedback] = weights[~feedback].max() if (~feedback).any() else 1.0
+    return weights
 
 
 def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
@@ -188,11 +204,18 @@ def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
 
 
 def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings, seed: int, grid: dict,
-                 progress: Progress) -> Candidate:
-    """Fit the grid on the train runs, keep the best by validation average precision, and
-    calibrate its post-rule on the validation runs at incident level."""
+                 progress: Progress, feedback: fleet_feedback.FleetFeedback | None = None) -> Candidate:
+    """Fit the grid on the train runs (and the fleet's verdicts on the family), keep the best by
+    validation average precision, and calibrate its post-rule on the validation runs at incident
+    level."""
     level = FAMILY_LEVEL[family]
-    train = fit_rows(rows_for(splits["train"].rows, level), family, settings)
+    train = rows_for(splits["train"].rows, level)
+    if feedback is not None and len(feedback.of(family)):
+        verdict_rows = feedback.training_rows(family)
+        n = len(feedback.of(family))
+        progress(f"  {family}: on-call's verdicts on {n} incident{'s' if n != 1 else ''}: {len(verdict_rows)} rows")
+        train = pd.concat([train, verdict_rows], ignore_index=True) if len(verdict_rows) else train
+    train = fit_rows(train, family, settings)
     validation_rows = rows_for(splits["validation"].rows, level)
     judged = fit_rows(validation_rows, family, settings) if family == CHECKPOINT_FAILURE else validation_rows
     best = None
@@ -351,8 +374,12 @@ def champions(config: SentinelConfig, families: Sequence[str]) -> dict[str, Load
 
 def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequence[Path],
                  families: Sequence[str] = FAMILIES, dry_run: bool = False, seed: int = 0,
-                 grid: dict | None = None, progress: Progress = print) -> list[FamilyOutcome]:
-    """The whole workflow; returns one outcome per family (in the order of ``FAMILIES``)."""
+                 grid: dict | None = None, progress: Progress = print,
+                 feedback: fleet_feedback.FleetFeedback | None = None) -> list[FamilyOutcome]:
+    """The whole workflow; returns one outcome per family (in the order of ``FAMILIES``).
+
+    ``feedback``: on-call's verdicts on the fleet's incidents (``sentinel train --feedback``),
+    learnt from as labels and reported by the gate."""
     grid = grid or DEFAULT_GRID
     registry.use_config(config)
     settings = PolicySettings.from_config(config)
@@ -376,7 +403,7 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     for family in families:
         progress(f"training {family} ({len(rows_for(splits['train'].rows, FAMILY_LEVEL[family]))} rows)")
         family_grid = ANOMALY_GRID if family == ANOMALY and grid is DEFAULT_GRID else grid
-        candidates[family] = train_family(family, splits, settings, seed, family_grid, progress)
+        candidates[family] = train_family(family, splits, settings, seed, family_grid, progress, feedback)
     challengers = {family: c.loaded() for family, c in candidates.items()}
     # Every family's new model together, the others' champions where they were not retrained.
     everything = {**held, **challengers}
@@ -392,8 +419,17 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
         baseline = baseline_gate.metrics(family) if family != ANOMALY else None
         champion = champion_gate.metrics(family) if family in held else None
         promote, reasons = gate(family, challenger_gate, champion, baseline, gate_name)
+        fleet = {}
+        if feedback is not None and feedback.of(family):
+            fleet = feedback.outcome(family, {**held, family: challenger}, settings)
+            fleet_champion = feedback.outcome(family, held, settings) if family in held else None
+            reasons.append(fleet_feedback.outcome_line(fleet, fleet_champion))
+            if fleet_champion is not None and fleet_feedback.regressed(fleet, fleet_champion):
+                promote = False
+                reasons.append("on the fleet's feedback: worse than the champion (on-call said otherwise)")
         outcome = FamilyOutcome(family, name, None, promote and not dry_run, reasons, metrics, baseline or {},
-                                champion or {}, challenger_gate, held[family].version if family in held else None)
+                                champion or {}, challenger_gate, held[family].version if family in held else None,
+                                fleet)
         if dry_run:
             outcome.reasons.append("dry run: nothing registered, no alias moved" + (" (would promote)" if promote else ""))
         else:
@@ -414,7 +450,7 @@ def _log_and_register(outcome: FamilyOutcome, candidate: Candidate, splits: dict
                            **{k: v for k, v in detector.config.to_dict().items() if k not in ("features", "family")}})
         for prefix, values in (("test_", outcome.metrics), ("gate_", outcome.challenger_gate),
                                ("baseline_", outcome.baseline), ("champion_", outcome.champion),
-                               ("validation_", candidate.validation)):
+                               ("validation_", candidate.validation), ("feedback_", outcome.feedback)):
             mlflow.log_metrics({f"{prefix}{k}": float(v) for k, v in values.items()
                                 if isinstance(v, (int, float)) and not math.isnan(v)})
         test = rows_for(splits["test"].rows, FAMILY_LEVEL[family])

@@ -170,8 +170,15 @@ def _train(config: SentinelConfig, args: argparse.Namespace, families, dry_run: 
 
     datasets = _training_datasets(config, args)
     spark = build_spark(config, "train")
+    feedback = None
+    if getattr(args, "feedback", False):
+        from pipelines.feedback import load_fleet_feedback
+
+        feedback = load_fleet_feedback(spark, config)
+        print(f"the fleet's feedback: {len(feedback)} verdicts on {config.topics.feedback}, "
+              f"{len(feedback.rows)} feature rows of their jobs in the feature log", flush=True)
     outcomes = run_training(spark, config, datasets, families, dry_run=dry_run, seed=args.seed,
-                            progress=lambda line: print(line, flush=True))
+                            progress=lambda line: print(line, flush=True), feedback=feedback)
     print("\nsummary:")
     for outcome in outcomes:
         print("  " + outcome.line())
@@ -277,6 +284,18 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
     for incident in follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max):
         print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
               flush=True)
+    return 0
+
+
+def _cmd_feedback(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.feedback import give
+
+    record = give(config, args.incident_id, "false_positive" if args.false_positive else "confirmed", args.note,
+                  args.by)
+    where = record["job_name"] + (f" (vertex {record['vertex_id']})" if record["vertex_id"] else "")
+    print(f"recorded on {config.topics.feedback}: {record['family']} incident {record['incident_id']} on {where} "
+          f"{'was a false positive' if args.false_positive else 'is confirmed'} (by {record['given_by']}); "
+          "`sentinel train --feedback` learns from it")
     return 0
 
 
@@ -557,6 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "checkpoint_failure", "anomaly"])
     train.add_argument("--dry-run", action="store_true", help="show the gate's decision; register nothing, move no alias")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--feedback", action="store_true",
+                       help="also learn from on-call's verdicts (`sentinel feedback`) on the feedback topic, with the "
+                            "live feature log's rows of those incidents; the gate reports and checks them")
     train.add_argument("--jobs-per-scenario", type=int, default=3, help="for a generated dataset (default 3)")
     train.add_argument("--duration", default="90m", help="event time per generated job, at most (default 90m)")
     train.set_defaults(handler=_cmd_train)
@@ -591,6 +613,15 @@ def build_parser() -> argparse.ArgumentParser:
     incidents.add_argument("--output", choices=["table", "json"], default="table",
                            help="table (default), or one JSON incident event per line for scripts (jq)")
     incidents.set_defaults(handler=_cmd_incidents)
+
+    feedback = command("feedback", help="say an incident was a false positive, or confirm it (training learns from it)")
+    feedback.add_argument("incident_id", metavar="INCIDENT_ID")
+    verdict = feedback.add_mutually_exclusive_group(required=True)
+    verdict.add_argument("--false-positive", action="store_true", help="nothing of its family was wrong")
+    verdict.add_argument("--confirmed", action="store_true", help="it was a real problem of its family")
+    feedback.add_argument("--note", help="what you found (kept with the verdict)")
+    feedback.add_argument("--by", metavar="NAME", help="who gives the verdict (default: the login name)")
+    feedback.set_defaults(handler=_cmd_feedback)
 
     report = command("report", help="an HTML page per incident (plots, evidence, runbook) and an index of open ones")
     report.add_argument("--incidents", action="append", metavar="INCIDENTS.jsonl",

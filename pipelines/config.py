@@ -90,6 +90,8 @@ class TopicsConfig(_Strict):
     input: str = "flink.metrics"
     incidents: str = "flink.incidents"
     dead_letter: str = "flink.metrics.dlq"
+    feedback: str = Field("flink.incidents.feedback", description="On-call's verdicts on incidents "
+                                                                  "(`sentinel feedback`, read by `sentinel train --feedback`).")
 
 
 class SparkConfig(_Strict):

@@ -1,4 +1,4 @@
-"""The three topic contracts (``../shared/CONTRACTS.md``), owned here and nowhere else.
+"""The three topic contracts (``../shared/CONTRACTS.md``), and the feedback topic's, owned here and nowhere else.
 
 The JSON Schema files in ``schemas/`` are the single source. The Spark schemas the job parses with
 are generated from them by :func:`spark_schema`, so a field added to a contract reaches the parser
@@ -161,3 +161,4 @@ def _struct_of(node: dict[str, Any], root: dict[str, Any]) -> StructType:
 INPUT = Contract.load("input_event.v1.json")
 INCIDENT = Contract.load("incident.v1.json")
 DEAD_LETTER = Contract.load("dead_letter.v1.json")
+FEEDBACK = Contract.load("feedback.v1.json")

@@ -152,6 +152,16 @@ def test_the_families_are_defined_once_and_the_incident_contract_lists_them():
     assert INCIDENT.errors({**INCIDENT_EXAMPLE, "symptoms": [{"family": "gc"}]})
 
 
+def test_the_feedback_contract_lists_the_families_and_the_verdicts_training_reads():
+    from models.feedback import VERDICTS
+    from pipelines.contracts import FEEDBACK
+    from pipelines.families import FAMILIES
+
+    schema = FEEDBACK.schema["properties"]
+    assert tuple(schema["family"]["enum"]) == FAMILIES and tuple(schema["verdict"]["enum"]) == VERDICTS
+    assert any("verdict" in e for e in FEEDBACK.errors({"schema_version": 1, "verdict": "meh"}))
+
+
 def test_unknown_fields_are_ignored_by_readers():
     event = dict(EXAMPLES[0], producer_hostname="tm-3", extra={"nested": True})
     assert INPUT.errors(event) == []
