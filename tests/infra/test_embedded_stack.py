@@ -20,7 +20,8 @@ def test_up_twice_is_harmless_status_reports_and_down_stops(tmp_path):
     try:
         first = stack.up()
         assert first[0].startswith(f"broker started at 127.0.0.1:{broker_port}")
-        assert "created topics flink.metrics, flink.incidents, flink.metrics.dlq (2 partitions)" in first[0]
+        assert ("created topics flink.metrics, flink.incidents, flink.metrics.dlq, flink.incidents.feedback "
+                "(2 partitions)") in first[0]
         assert first[1].startswith(f"MLflow UI started at http://127.0.0.1:{mlflow_port}")
         with urllib.request.urlopen(f"http://127.0.0.1:{mlflow_port}/health", timeout=5) as response:
             assert response.status == 200
