@@ -37,19 +37,8 @@ def verdict_record(history: list[dict], verdict: str, note: str | None, given_by
 
 
 def _read_json(config: SentinelConfig, topic: str, keep=None, timeout_s: float = 300.0) -> list[dict]:
-    kafka = config.kafka
-    consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
-    try:
-        records = kafka_clients.read_records(consumer, topic, timeout_s, keep)
-    finally:
-        consumer.close()
-    out = []
-    for record in sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset)):
-        try:
-            out.append(json.loads(record.value))
-        except ValueError:
-            log.warning("%s offset %d of partition %d is not JSON; skipped", topic, record.offset, record.partition)
-    return out
+    return kafka_clients.read_json_values(config.kafka.bootstrap_servers, config.kafka.client_kwargs(), topic,
+                                          timeout_s, keep)
 
 
 def give(config: SentinelConfig, incident_id: str, verdict: str, note: str | None = None,

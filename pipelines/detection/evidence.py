@@ -32,7 +32,8 @@ def _mb(n: float | None) -> str:
     return "?" if n is None else f"{n / MIB:.1f} MB"
 
 
-def _duration(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
+    """``42s``, ``9 min``, ``2.5 h``: how an incident says how long."""
     if seconds < 90:
         return f"{seconds:.0f}s"
     if seconds < 5400:
@@ -112,7 +113,7 @@ def summary(family: str, row: Mapping[str, Any], forecast: dict | None, sev: str
     if family == "state_leak":
         slope = _num(row, "vertex_state_rel_slope_per_h") or _num(row, "state_rel_slope_per_h") or 0.0
         size = _num(row, "vertex_state_size_bytes") or _num(row, "state_size_bytes")
-        eta = f", limit in {_duration(forecast['eta_ms'] / 1000)}" if forecast else ", no known limit"
+        eta = f", limit in {human_duration(forecast['eta_ms'] / 1000)}" if forecast else ", no known limit"
         return f"[{sev}] state leak in {where}: state {_mb(size)} growing {slope * 100:.0f}%/h without levelling off{eta}; set state TTL or clear keys"
     if family == "backpressure":
         busy = _num(row, "busy_max")

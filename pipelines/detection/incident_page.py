@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, Sequence
 import pandas as pd
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
+from pipelines.detection.evidence import human_duration
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
@@ -239,7 +240,7 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
         if eta is not None and limit:
             reach = size + per_ms * eta
             ax.plot([_time(decided_at), _time(decided_at + eta)], [size / MIB, reach / MIB], color="#1f5fa8",
-                    linewidth=1.6, linestyle="--", label=f"forecast: limit in {_duration(eta / 1000)}")
+                    linewidth=1.6, linestyle="--", label=f"forecast: limit in {human_duration(eta / 1000)}")
     if limit:
         ax.axhline(limit / MIB, color="#b00020", linewidth=1.2, linestyle="-.", label=f"limit {limit / MIB:.1f} MiB")
     ax.set_ylabel("MiB")
@@ -377,14 +378,6 @@ def _when(ms: int | float | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def _value(value) -> str:
     if isinstance(value, float):
         if math.isnan(value):
@@ -430,7 +423,7 @@ def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
         limit = forecast.get("limit")
         limit_text = f"{limit / MIB:.1f} MiB" if limit else f"its limit ({forecast.get('limit_source')})"
         parts.append(f'<div class="forecast"><b>Forecast:</b> {html.escape(str(forecast.get("metric")))} reaches '
-                     f"{limit_text} in about <b>{_duration(forecast['eta_ms'] / 1000)}</b> "
+                     f"{limit_text} in about <b>{human_duration(forecast['eta_ms'] / 1000)}</b> "
                      f"(at {_when(latest['updated_at'] + forecast['eta_ms'])}).</div>")
     plots = plots_for(history, metrics) if not metrics.empty else []
     parts.append("<h2>What the detector saw</h2>")

@@ -7,6 +7,8 @@ SASL, TLS, ...) are passed through unchanged.
 
 from __future__ import annotations
 
+import json
+import logging
 import socket
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -14,6 +16,9 @@ from typing import Any, Callable, Iterable, Mapping
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+
+log = logging.getLogger(__name__)
+
 
 class KafkaUnavailable(RuntimeError):
     """The broker could not be reached; the message says what to check."""
@@ -206,3 +211,21 @@ def read_records(consumer: KafkaConsumer, topic: str, timeout_s: float = 60.0,
             records.extend(r for r in batch if r.offset < end[r.partition] and (keep is None or keep(r)))
     consumer.assign([])
     return records
+
+
+def read_json_values(bootstrap_servers: str, client_options: Mapping[str, Any], topic: str,
+                     timeout_s: float = 60.0, keep: Callable[[Any], bool] | None = None) -> list[Any]:
+    """The JSON values of :func:`read_records` in the order they were written (record timestamp);
+    a value that is not JSON is skipped and logged (it is not ours to judge here)."""
+    consumer = make_consumer(bootstrap_servers, client_options)
+    try:
+        records = read_records(consumer, topic, timeout_s, keep)
+    finally:
+        consumer.close()
+    values = []
+    for record in sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset)):
+        try:
+            values.append(json.loads(record.value))
+        except ValueError:
+            log.warning("%s partition %d offset %d is not JSON; skipped", topic, record.partition, record.offset)
+    return values
