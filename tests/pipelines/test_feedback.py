@@ -105,27 +105,23 @@ def test_verdicts_become_labels_of_their_family_only(fleet, spark):
 
 def test_train_with_feedback_reports_what_the_challenger_does_on_it(fleet, spark, trained_datasets):
     """A dry run against the session's champions: the champion opened the leak incident on-call
-    calls a false positive (so it opens it again), and catches the confirmed hot key."""
+    calls a false positive, so it opens it again; the challenger is judged next to it."""
     config, result, runs = fleet
     leak = first_opened(result.incidents, STATE_LEAK, LAB_LEAK_RUN, runs)
     skew = first_opened(result.incidents, SKEW, LAB_SKEW_RUN, runs)
     give(config, leak["incident_id"], FALSE_POSITIVE, given_by="on-call")
-    give(config, skew["incident_id"], CONFIRMED, given_by="on-call")
+    give(config, skew["incident_id"], CONFIRMED, given_by="on-call")  # another family's: not the leak's business
     feedback = load_fleet_feedback(spark, config)
     lines: list[str] = []
-    outcomes = run_training(spark, config, trained_datasets, families=[STATE_LEAK, SKEW], dry_run=True,
-                            grid=TRAINING_GRID, progress=lines.append, feedback=feedback)
-    by_family = {o.family: o for o in outcomes}
-    assert any(line.startswith(f"  {STATE_LEAK}: ") and "on-call's verdicts on 1 incident:" in line for line in lines)
-    leak_outcome, skew_outcome = by_family[STATE_LEAK], by_family[SKEW]
-    assert leak_outcome.feedback["false_positives"] == 1 and leak_outcome.feedback["confirmed"] == 0
-    assert skew_outcome.feedback == {**skew_outcome.feedback, "confirmed": 1, "false_positives": 0}
-    leak_line = next(r for r in leak_outcome.reasons if r.startswith("on the fleet's feedback"))
-    assert leak_line.endswith("(the champion: opens again 1 of 1 false positives, catches 0 of 0 confirmed)")
-    skew_line = next(r for r in skew_outcome.reasons if r.startswith("on the fleet's feedback"))
-    assert skew_line.endswith("(the champion: opens again 0 of 0 false positives, catches 1 of 1 confirmed)")
-    if skew_outcome.feedback["confirmed_caught"] == 0:  # the gate holds a challenger that misses it
-        assert not skew_outcome.promoted and any("worse than the champion" in r for r in skew_outcome.reasons)
+    (outcome,) = run_training(spark, config, trained_datasets, families=[STATE_LEAK], dry_run=True,
+                              grid=TRAINING_GRID, progress=lines.append, feedback=feedback)
+    assert f"  {STATE_LEAK}: on-call's verdicts on 1 incident: {len(feedback.training_rows(STATE_LEAK))} rows" in lines
+    assert outcome.feedback["false_positives"] == 1 and outcome.feedback["confirmed"] == 0
+    reason = next(r for r in outcome.reasons if r.startswith("on the fleet's feedback"))
+    refired = outcome.feedback["false_positives_refired"]
+    assert reason == (f"on the fleet's feedback: the challenger opens again {refired} of 1 false positives, catches 0 of "
+                      "0 confirmed (the champion: opens again 1 of 1 false positives, catches 0 of 0 confirmed)")
+    assert outcome.version is None  # a dry run registers nothing
 
 
 def test_the_gate_compares_feedback_outcomes():
