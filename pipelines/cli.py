@@ -209,12 +209,13 @@ def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
     check_reachable(config.kafka.bootstrap_servers, config.kafka.connect_timeout_s)
     cache = _require_champions(config)
     spark = build_spark(config, "run")
+    stop = _stop_on_signals()  # systemd and Kubernetes stop with SIGTERM: finish the batch, then stop
     job = start_detection(spark, config, cache, available_now=args.available_now)
     served = f"{job.metrics_server.url} and " if job.metrics_server else ""
     print(f"reading {config.topics.input} on {config.kafka.bootstrap_servers}; incidents to {config.topics.incidents}, "
           f"dead letters to {config.topics.dead_letter}; metrics at {served}{config.detection.metrics_file}", flush=True)
     try:
-        job.await_termination(args.timeout)
+        job.await_termination(args.timeout, stop)
     finally:
         job.stop()
     print(f"stopped: {job.processor.incidents_published} incident events, "
@@ -300,7 +301,6 @@ def _cmd_feedback(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
-    import json
     import time
     from pathlib import Path
 
@@ -316,18 +316,8 @@ def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
         kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
 
     def from_topic(topic: str, keep=None) -> list[dict]:
-        consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
-        try:
-            records = kafka_clients.read_records(consumer, topic, args.read_timeout, keep)
-        finally:
-            consumer.close()
-        out = []
-        for record in sorted(records, key=lambda r: (r.timestamp, r.partition, r.offset)):
-            try:
-                out.append(json.loads(record.value))
-            except ValueError:
-                continue  # a bad input record is the dead-letter topic's business, not the page's
-        return out
+        return kafka_clients.read_json_values(kafka.bootstrap_servers, kafka.client_kwargs(), topic, args.read_timeout,
+                                              keep)
 
     started = time.monotonic()
     incidents = ([i for path in args.incidents for i in read_jsonl(Path(path))] if args.incidents
@@ -445,14 +435,15 @@ def _cmd_alert(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _stop_on_signals():
-    """An event SIGTERM and SIGINT set, so a lab session cancels its jobs and stops its cluster."""
+    """An event SIGTERM and SIGINT set: the command finishes the work under way and stops cleanly
+    (the detection job at a batch boundary, a lab session cancelling its jobs and its cluster)."""
     import signal
     import threading
 
     stop = threading.Event()
 
     def request_stop(signum, frame):
-        print(f"\n{signal.Signals(signum).name}: stopping after this poll", flush=True)
+        print(f"\n{signal.Signals(signum).name}: stopping after the work under way", flush=True)
         stop.set()
 
     signal.signal(signal.SIGTERM, request_stop)

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,10 +213,13 @@ class RunningJob:
     validator: BackgroundValidator
     metrics_server: MetricsServer | None = None  # /metrics for Prometheus
 
-    def await_termination(self, timeout_s: float | None = None) -> None:
+    def await_termination(self, timeout_s: float | None = None, stop_requested: threading.Event | None = None) -> None:
+        """Until a query ends (raising its error), ``timeout_s`` passes or ``stop_requested`` is set."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while all(q.isActive for q in self.queries):
             if deadline is not None and time.monotonic() >= deadline:
+                return
+            if stop_requested is not None and stop_requested.is_set():
                 return
             for q in self.queries:
                 if q.exception() is not None:
@@ -224,17 +228,35 @@ class RunningJob:
         for q in self.queries:
             q.awaitTermination()  # raises the query's error, if it failed
 
-    def stop(self) -> None:
+    def stop(self, boundary_timeout_s: float = 120.0) -> None:
+        """Stop at a batch boundary: the batch under way finishes first (its incidents published,
+        its policy state saved, its offsets committed), then the queries stop, the producers are
+        flushed and closed and the last metrics written. A batch cut short anyway (one that runs
+        past ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
+        deadline = time.monotonic() + boundary_timeout_s
         # The listener goes first: Spark posts the termination events asynchronously, and a
         # Python listener called after its process has moved on only fills the log with errors.
-        self.listener.write()
+        self._wait_for_batch_boundary(deadline)
         self.spark.streams.removeListener(self.listener)
         for q in self.queries:
+            self._wait_for_batch_boundary(deadline, [q])
             q.stop()
+        self.listener.write()  # the counts as the last batch left them
         self.processor.sink.close()
         self.validator.wait(10)
         if self.metrics_server is not None:
             self.metrics_server.close()
+
+    def _wait_for_batch_boundary(self, deadline: float, queries: list | None = None) -> None:
+        while time.monotonic() < deadline and not all(_between_batches(q) for q in queries or self.queries):
+            time.sleep(0.1)
+
+
+def _between_batches(query) -> bool:
+    try:
+        return not query.isActive or not query.status["isTriggerActive"]
+    except Exception:  # a query that just ended has no status to give
+        return True
 
 
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,

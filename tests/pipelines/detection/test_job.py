@@ -7,6 +7,7 @@ job once (module fixture); the tests read what it published. Replay runs the sam
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -170,7 +171,11 @@ def _example_rows(loaded):
     return pd.DataFrame([[0.0] * len(loaded.config.features)], columns=list(loaded.config.features))
 
 
-def test_kill_9_and_restart_loses_no_incident(spark, detection_config, tmp_path):
+@pytest.mark.parametrize("stop_signal", ["SIGKILL", "SIGTERM"])
+def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, tmp_path, stop_signal):
+    """kill -9 mid-batch, or SIGTERM as systemd and Kubernetes stop a service: the restarted job
+    publishes every incident the events call for. SIGTERM stops cleanly: the batch under way
+    finishes, the producers are flushed and closed, the last metrics written, exit code 0."""
     import os
     import signal
     import subprocess
@@ -190,21 +195,33 @@ def test_kill_9_and_restart_loses_no_incident(spark, detection_config, tmp_path)
            "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
            "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0"}
     command = [sys.executable, "-m", "pipelines.cli", "run"]
-    log = open(tmp_path / "run.log", "wb")
+    log_path = tmp_path / "run.log"
+    log = open(log_path, "wb")
     first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     policy_states = config.state_dir / "checkpoints" / "detection" / "policy"
+    metrics_file = config.state_dir / "metrics" / "sentinel.prom"
     try:
         third = len(events) // 3
         publish(config, events[:third])
         wait_for(lambda: policy_states.is_dir() and any(policy_states.iterdir()), 240)
         publish(config, events[third:2 * third])
         time.sleep(3)  # a batch is under way
+        if stop_signal == "SIGTERM":
+            signalled = time.time()
+            os.kill(first.pid, signal.SIGTERM)  # the CLI only, as systemd's KillMode=mixed does first
+            assert first.wait(timeout=240) == 0, log_path.read_text()[-3000:]
+            said = log_path.read_text()
+            assert "SIGTERM: stopping after the work under way" in said and "stopped: " in said
+            assert metrics_file.stat().st_mtime >= signalled  # the last metrics, written on the way out
+            published_before_stop = re.search(r"stopped: (\d+) incident events", said).group(1)
+            assert f"checkpoint_sentinel_incident_events_total {published_before_stop}\n" in metrics_file.read_text()
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the CLI, its Spark JVM and Python workers, mid-batch
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)  # the CLI, its Spark JVM and Python workers, mid-batch
         first.wait()
     publish(config, events[2 * third:])
     second = subprocess.run(command + ["--available-now"], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
-    assert second.returncode == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert second.returncode == 0, log_path.read_text()[-3000:]
 
     published = read_topic(config, config.topics.incidents)
     assert set(map(key, expected.incidents)) <= set(map(key, published))  # none lost; repeats are allowed
