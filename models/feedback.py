@@ -131,4 +131,3 @@ def latest_verdicts(records: list[dict]) -> list[dict]:
     for record in sorted(records, key=lambda r: r["given_at"]):
         latest[record["incident_id"]] = record
     return list(latest.values())
-

@@ -22,6 +22,10 @@ any age, unless it resumed after a plateau or its limit is that close. And a tre
 fewer than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch)
 decides nothing.
 
+A rule may hold back for a **start-up** time after the job (re)started (``startup_s``): Flink's
+rates are meters over the last minute, so for a minute after a start they ramp up unevenly across
+subtasks, and the first checkpoints of a job say little about its usual behaviour.
+
 A rule may also require **evidence**: at least one of some feature columns at or above a minimum
 (the checkpoint-failure rule wants a failed checkpoint, a checkpoint near its timeout, a pile-up,
 a restart or a full JobManager heap; the backpressure rule wants another vertex waiting on this
@@ -63,6 +67,7 @@ class PostRule:
     min_checkpoints: int = 6  # with the guard: a trend of fewer checkpoints seen is noise
     decelerating_below: float = 0.8
     evidence: tuple[tuple[str, float], ...] = ()
+    startup_s: float = 0.0  # no decision this soon after the job (re)started
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -71,6 +76,8 @@ class PostRule:
             raise ValueError("need 1 <= k <= n")
         if self.resume_over_plateau < 1.0:
             raise ValueError("resume_over_plateau must be >= 1")
+        if self.startup_s < 0:
+            raise ValueError("startup_s must be >= 0")
 
     # --- one evaluation ---------------------------------------------------------------------------
 
@@ -130,7 +137,8 @@ class PostRule:
     # --- the one implementation -------------------------------------------------------------------
 
     def _guard_columns(self) -> tuple[str, ...]:
-        return (GUARD_COLUMNS if self.warmup_guard else ()) + tuple(c for c, _ in self.evidence)
+        return ((GUARD_COLUMNS if self.warmup_guard else ()) + (("job_age_s",) if self.startup_s else ())
+                + tuple(c for c, _ in self.evidence))
 
     def _decided(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
         decided = counts >= self.k
@@ -141,6 +149,8 @@ class PostRule:
             decided &= shown
         if self.warmup_guard:
             decided &= self._past_warmup(columns, horizon_s)
+        if self.startup_s:
+            decided &= np.nan_to_num(columns["job_age_s"], nan=0.0) >= self.startup_s  # unknown: just started
         return decided
 
     def past_warmup(self, frame: pd.DataFrame, horizon_s: float | np.ndarray) -> np.ndarray:

@@ -36,6 +36,18 @@ def test_post_rule_needs_k_of_the_last_n_per_entity():
         PostRule(0.5, k=3, n=2)
 
 
+def test_the_start_up_guard_holds_decisions_back_for_a_minute_after_a_start():
+    frame = pd.DataFrame({"cluster": "c", "job_id": "j", "vertex_id": None, "ts": range(5), "score": 0.9,
+                          "job_age_s": [10.0, 59.9, 60.0, 600.0, np.nan]})
+    rule = PostRule(0.5, 1, 1, startup_s=60.0)
+    assert rule.decisions(frame).tolist() == [False, False, True, True, False]  # an unknown age: just started
+    assert not rule.decide([0.9], frame.iloc[0].to_dict()) and rule.decide([0.9], frame.iloc[3].to_dict())
+    assert PostRule(0.5, 1, 1).decisions(frame).all()
+    assert PostRule.from_dict(rule.to_dict()) == rule
+    with pytest.raises(ValueError):
+        PostRule(startup_s=-1.0)
+
+
 def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_plateau_or_runs_into_its_limit():
     rule = PostRule(0.5, 1, 1, warmup_guard=True)
     frame = pd.DataFrame({
