@@ -11,8 +11,8 @@ One :class:`ClusterCollector` per Flink cluster. Each poll reads ``/jobs/overvie
 - ``vertex_metrics`` (running jobs): one request per vertex for the ``<subtask>.<metric>`` ids of
   ``/jobs/:id/vertices/:vid/metrics``.
 
-A job that reaches a terminal state gets one last ``job_status`` and its last checkpoints, then is
-left alone. A failing request is retried with backoff; what still fails is logged and skipped (a
+A job that reaches a terminal state gets two last polls (``job_status`` and its last checkpoints;
+two, because Flink's REST cache can serve the first from before the end), then is left alone. A failing request is retried with backoff; what still fails is logged and skipped (a
 checkpoint without details is published without vertices; a job that cannot be read is tried
 again at the next poll, its ledger untouched). A cluster that cannot be reached at all is polled
 again after a growing pause, up to ``collector.max_backoff_s``. Events that do not satisfy the
@@ -75,6 +75,7 @@ class ClusterCollector:
         ledger_path = Path(settings.state_dir) / f"{_file_name(endpoint.name)}.json" if settings.state_dir else None
         self.ledger = CheckpointLedger(ledger_path)
         self._checkpoint_config: dict[str, dict] = {}
+        self._seen_terminal: set[str] = set()
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -173,8 +174,13 @@ class ClusterCollector:
 
         def commit() -> None:
             self.ledger.mark_published(job_id, published_ids, history)
+            # Left alone only after one more poll: the poll that first sees a job ended may read
+            # its checkpoint history from Flink's REST cache (refreshed every few seconds) from
+            # before the end, without the savepoint a stop-with-savepoint took.
             if state in mapping.TERMINAL_JOB_STATES:
-                self.ledger.mark_terminal(job_id)
+                if job_id in self._seen_terminal:
+                    self.ledger.mark_terminal(job_id)
+                self._seen_terminal.add(job_id)
 
         return events, commit
 

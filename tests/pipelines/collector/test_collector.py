@@ -47,6 +47,9 @@ def test_each_finished_checkpoint_is_published_once_and_a_canceled_job_is_then_l
             result = collector.poll()
             assert result.errors == [] and result.invalid == 0
             per_poll.append(published[before:])
+        last_look = collector.poll().events  # one more look at the ended job, then it is left alone
+        assert [e["state"] for e in last_look if e["kind"] == "job_status"] == ["CANCELED"]
+        assert checkpoint_ids(last_look) == []  # nothing published twice
         requests_before = len(flink.requests)
         assert collector.poll().events == []  # the job is CANCELED and was reported: nothing more
         assert len(flink.requests) - requests_before == 2  # only the overview and the JobManager heap
@@ -55,7 +58,7 @@ def test_each_finished_checkpoint_is_published_once_and_a_canceled_job_is_then_l
     assert len(ids) == len(set(ids)) and set(ids) == finished_ids(polls[-1])
     assert checkpoint_ids(per_poll[0]) == sorted(finished_ids(polls[0]))
     statuses = [e["state"] for e in published if e["kind"] == "job_status"]
-    assert statuses == ["RUNNING", "RUNNING", "CANCELED"]
+    assert statuses == ["RUNNING", "RUNNING", "CANCELED", "CANCELED"]  # the ended job, looked at twice
     assert [e for e in per_poll[-1] if e["kind"] == "vertex_metrics"] == []  # a canceled job has no samples
     sizes = [e["state_size_bytes"] for e in published if e["kind"] == "checkpoint" and e["status"] == "COMPLETED"]
     assert sizes == sorted(sizes) and sizes[-1] > sizes[0]  # the leak grows
