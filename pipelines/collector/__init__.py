@@ -12,11 +12,12 @@ One :class:`ClusterCollector` per Flink cluster. Each poll reads ``/jobs/overvie
   ``/jobs/:id/vertices/:vid/metrics``.
 
 A job that reaches a terminal state gets two last polls (``job_status`` and its last checkpoints;
-two, because Flink's REST cache can serve the first from before the end), then is left alone. A failing request is retried with backoff; what still fails is logged and skipped (a
-checkpoint without details is published without vertices; a job that cannot be read is tried
-again at the next poll, its ledger untouched). A cluster that cannot be reached at all is polled
-again after a growing pause, up to ``collector.max_backoff_s``. Events that do not satisfy the
-input contract (a Flink answer nobody foresaw) are logged and counted, never published.
+two, because Flink's REST cache can serve the first from before the end), then is left alone. A
+failing request is retried with backoff; what still fails is logged and skipped (a checkpoint
+without details is published without vertices; a job that cannot be read is tried again at the
+next poll, its ledger untouched). A cluster that cannot be reached at all is polled again after a
+growing pause, up to ``collector.max_backoff_s``. Events that do not satisfy the input contract
+(a Flink answer nobody foresaw) are logged and counted, never published.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ import io
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -32,6 +31,7 @@ import pandas as pd
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.detection.evidence import human_duration
+from pipelines.detection.incident_view import utc_time
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
@@ -63,6 +63,12 @@ def incident_histories(events: Iterable[dict]) -> dict[str, list[dict]]:
 
 def is_open(history: Sequence[dict]) -> bool:
     return history[-1]["event"] != "resolved"
+
+
+def last_open_event(history: Sequence[dict]) -> dict:
+    """The incident's last event before any resolution: its summary, severity, evidence and
+    forecast as they stood while it was open (a resolution carries none of them)."""
+    return next((e for e in reversed(history) if e["event"] != "resolved"), history[-1])
 
 
 @dataclass
@@ -206,8 +212,7 @@ def restart_times(metrics: JobMetrics) -> list[float]:
 
 def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     """State over time, the detector's trend at the decision, and the forecast to the limit."""
-    last = history[-1]
-    incident = next((e for e in reversed(history) if e["event"] != "resolved"), last)
+    incident = last_open_event(history)
     forecast = incident.get("forecast") or {}
     per_subtask = forecast.get("metric") == "largest_subtask_state_bytes"
     if incident.get("vertex_id") and not metrics.vertex_state.empty:
@@ -373,9 +378,7 @@ background:#f5f5f7;border-radius:4px}pre{padding:8px;overflow-x:auto}.muted{colo
 
 
 def _when(ms: int | float | None) -> str:
-    if ms is None:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "-" if ms is None else f"{utc_time(ms)} UTC"
 
 
 def _value(value) -> str:
@@ -398,7 +401,7 @@ def page_file(incident_id: str) -> str:
 def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
     """One incident's page (``history``: its events in order)."""
     last = history[-1]
-    latest = next((e for e in reversed(history) if e["event"] != "resolved"), last)
+    latest = last_open_event(history)
     where = html.escape(last.get("job_name") or last["job_id"])
     if last.get("vertex_name"):
         where += f" / {html.escape(last['vertex_name'])}"
@@ -477,7 +480,7 @@ def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int) 
                f"<th>{'resolved' if resolved_ else 'last update'}</th><th>summary</th></tr>"]
         for h in items:
             last = h[-1]
-            latest = next((e for e in reversed(h) if e["event"] != "resolved"), last)
+            latest = last_open_event(h)
             where = html.escape(last.get("job_name") or last["job_id"]) + (
                 f" / {html.escape(last['vertex_name'])}" if last.get("vertex_name") else "")
             out.append(f"<tr><td>{_badge(latest['severity'])}</td><td>{html.escape(last['family'])}</td>"

@@ -14,7 +14,8 @@ HEADER = f"{'event time (UTC)':<19}  {'event':<8} {'severity':<8} {'family':<18}
 MARK = {"opened": "OPEN", "updated": "UPDATE", "resolved": "RESOLVED"}
 
 
-def _when(ms: int | None) -> str:
+def utc_time(ms: int | float | None) -> str:
+    """An event time (epoch ms) as UTC date and time; ``-`` for none."""
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -29,7 +30,7 @@ def format_incident(incident: dict) -> str:
     summary = incident["summary"]
     if incident.get("forecast") and incident["event"] != "resolved":
         summary += f"  (ETA {incident['forecast']['eta_ms'] / 60000:.0f} min)"
-    return (f"{_when(incident.get('updated_at')):<19}  {MARK.get(incident['event'], incident['event']):<8} "
+    return (f"{utc_time(incident.get('updated_at')):<19}  {MARK.get(incident['event'], incident['event']):<8} "
             f"{incident['severity']:<8} {incident['family']:<18} {where[:44]:<44} {summary}")
 
 

@@ -234,9 +234,9 @@ class RunningJob:
         flushed and closed and the last metrics written. A batch cut short anyway (one that runs
         past ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
         deadline = time.monotonic() + boundary_timeout_s
-        # The listener goes first: Spark posts the termination events asynchronously, and a
-        # Python listener called after its process has moved on only fills the log with errors.
-        self._wait_for_batch_boundary(deadline)
+        self._wait_for_batch_boundary(deadline)  # the last batch's progress reaches the listener
+        # The listener goes before the queries: Spark posts the termination events asynchronously,
+        # and a Python listener called after its process has moved on only fills the log with errors.
         self.spark.streams.removeListener(self.listener)
         for q in self.queries:
             self._wait_for_batch_boundary(deadline, [q])

@@ -378,9 +378,10 @@ class LabSession:
         if run.stop_requested is not None and now - run.stop_requested > 30:
             cluster.cancel(run.job_id)  # the savepoint could not be taken (failing checkpoints): cancel
             run.stop_requested = None
+        from pipelines.collector.mapping import TERMINAL_JOB_STATES
+
         # The collector polls an ended job twice (its first view can predate the savepoint).
-        terminal = sum(e["kind"] == "job_status" and e["state"] in ("CANCELED", "FINISHED", "FAILED")
-                       for e in events) >= 2
+        terminal = sum(e["kind"] == "job_status" and e["state"] in TERMINAL_JOB_STATES for e in events) >= 2
         return terminal or now >= run.cancel_deadline
 
     def _record(self, run: _Active, events: list[dict]) -> LabRun:
