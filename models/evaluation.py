@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from glob import escape
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -67,6 +67,11 @@ class Runs:
         jobs = {(t["cluster"], t["job_id"]) for t in truths}
         keep = [(c, j) in jobs for c, j in zip(self.rows["cluster"], self.rows["job_id"])]
         return Runs(self.rows[np.asarray(keep, dtype=bool)], truths)
+
+    def of_jobs(self, job_ids: Collection[str]) -> "Runs":
+        """Only the runs of these jobs."""
+        truths = [t for t in self.truths if t["job_id"] in job_ids]
+        return Runs(self.rows[self.rows["job_id"].isin(list(job_ids)).to_numpy()], truths)
 
     @property
     def empty(self) -> bool:

@@ -5,8 +5,9 @@ Datasets are runs: simulated jobs and real Flink lab runs, each with its ground 
 family (causes before their symptoms) a small grid of detectors is fitted on the train runs; the
 best by validation average precision gets its post-rule calibrated **at incident level**: each
 candidate rule is replayed through the incident policy on the validation runs and judged run by
-run (faults found, false incidents, delay). Test runs report how the new models do, next to the
-static alarms, through the same policy.
+run (faults found, false incidents, delay); the anomaly rule beside the supervised families' new
+models, so an anomaly that opens before its cause counts against it as it will live. Test runs
+report how the new models do, next to the static alarms, through the same policy.
 
 Promotion is code: a new version becomes ``challenger``; it becomes ``champion`` only through
 the gate, which replays the validation runs of real Flink (the simulated ones when there are
@@ -26,7 +27,7 @@ import tempfile
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import mlflow
 import numpy as np
@@ -211,10 +212,11 @@ def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
 
 
 def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings, seed: int, grid: dict,
-                 progress: Progress, feedback: fleet_feedback.FleetFeedback | None = None) -> Candidate:
+                 progress: Progress, feedback: fleet_feedback.FleetFeedback | None = None,
+                 others: Mapping[str, LoadedDetector] | None = None) -> Candidate:
     """Fit the grid on the train runs (and the fleet's verdicts on the family), keep the best by
     validation average precision, and calibrate its post-rule on the validation runs at incident
-    level."""
+    level (the anomaly rule beside ``others``, the supervised models it will run with)."""
     level = FAMILY_LEVEL[family]
     train = rows_for(splits["train"].rows, level)
     if feedback is not None and len(feedback.of(family)):
@@ -235,19 +237,22 @@ def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings,
         if best is None or ap > best[0]:
             best = (ap, detector)
     detector = best[1]
-    rule, quality = calibrate_for_incidents(family, detector, splits["validation"], settings)
+    rule, quality = calibrate_for_incidents(family, detector, splits["validation"], settings, others)
     progress(f"  {family}: {rule} -> validation {quality}")
     return Candidate(family, detector, rule, quality)
 
 
-def calibrate_for_incidents(family: str, detector, validation: Runs, settings: PolicySettings) -> tuple[PostRule, dict]:
+def calibrate_for_incidents(family: str, detector, validation: Runs, settings: PolicySettings,
+                            others: Mapping[str, LoadedDetector] | None = None) -> tuple[PostRule, dict]:
     """The post-rule whose incidents on the validation runs serve on-call best.
 
     Each candidate is replayed through the policy and judged run by run, its family alone:
     false incidents on runs with one of its causes are left to the full policy (which folds them
     into the cause). A supervised family should find the most faults net of false incidents,
     then raise the fewest, then find them soonest. The anomaly rule, whose incidents can only be
-    false, should open none where nothing explains it, then decide the most faulty rows.
+    false, should open none where nothing explains it, then decide the most faulty rows; with
+    ``others`` (the supervised families' models it will run beside) it is judged as the job and
+    the gate judge it, see :func:`_anomaly_beside`.
     """
     level = FAMILY_LEVEL[family]
     rows = validation.rows.reset_index(drop=True)
@@ -265,29 +270,62 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
         if len(healthy):
             thresholds = tuple(sorted(set(thresholds) | {round(float(q), 4) for q in
                                                          np.quantile(healthy, ANOMALY_QUANTILES)}))
-    best = None
+    judged = []  # (key, rule, quality, comparison)
     for threshold, (k, n) in product(thresholds, FAMILY_PERSISTENCE.get(family, CALIBRATION_PERSISTENCE)):
         rule = PostRule(threshold, k, n, **guards)
-        models = {family: LoadedDetector(base.name, base.version, base.alias, detector, rule, {})}
-        comparison = judge(validation, models, settings, scores)
+        comparison = judge(validation, {family: _with_rule(base, rule)}, settings, scores)
         m = comparison.metrics(family)
+        false = m["false_incidents"] - excused_false(comparison, family)
         if family == ANOMALY:
             decided = rule.decisions(judged_rows.assign(score=family_scores.to_numpy()), horizon_s=horizon)
             recall = row_metrics(judged_rows.assign(label=np.where(positives(judged_rows, ANOMALY), ANOMALY, "healthy")),
                                  decided.to_numpy(), ANOMALY)["recall"]
-            false = m["false_incidents"] - excused_false(comparison, family)
             key = (-false, recall)
             quality = {"false_incidents": false, "faulty_row_recall": round(recall, 3)}
         else:
-            false = m["false_incidents"] - excused_false(comparison, family)
             delay = m["delay_s_median"]
             key = (m["faults_found"] - false, -false, -(delay if not math.isnan(delay) else 1e9))
             quality = {"faults_found": m["faults_found"], "faults": m["faults"], "false_incidents": false,
                        "delay_s_median": delay}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
-        key = (key, threshold, n - k + 1)
-        if best is None or key > best[0]:
-            best = (key, rule, quality)
+        judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
+    if family == ANOMALY and others:
+        return _anomaly_beside(judged, base, validation, settings, {f: m for f, m in others.items() if f != ANOMALY})
+    best = max(judged, key=lambda j: j[0])
+    return best[1], best[2]
+
+
+def _with_rule(model: LoadedDetector, rule: PostRule) -> LoadedDetector:
+    return LoadedDetector(model.name, model.version, model.alias, model.detector, rule, {})
+
+
+def _anomaly_beside(judged: list, base: LoadedDetector, validation: Runs, settings: PolicySettings,
+                    others: Mapping[str, LoadedDetector]) -> tuple[PostRule, dict]:
+    """The anomaly rule judged beside the supervised models, as the job and the gate judge it.
+
+    Judged alone, an anomaly on a run with a fault is excused as if the policy always folded it
+    into its cause's incident; it does not when the anomaly opens first (or the cause is
+    missed), and on-call gets a false family. So each candidate's excused runs (faulty runs
+    where it opened an anomaly alone) are replayed with ``others`` and what the policy still
+    opens there counts. Elsewhere nothing changes: a run where the rule opens no anomaly alone
+    gets none beside the others either. The count alone is a lower bound of the count beside
+    them, so candidates are tried best bound first and the search stops when no bound beats the
+    best found (a handful of replays, not one per candidate).
+    """
+    causes = set(EXPLAINED_BY[ANOMALY])
+    best = None
+    for (key, threshold, persistence), rule, quality, comparison in sorted(judged, key=lambda j: j[0], reverse=True):
+        if best is not None and best[0] >= (key, threshold, persistence):
+            break
+        excused = {run.job_id for run in comparison.runs if causes & set(run.expected)
+                   and any(i["family"] == ANOMALY for i in run.false)}
+        false = quality["false_incidents"]
+        if excused:
+            beside = judge(validation.of_jobs(excused), {**others, ANOMALY: _with_rule(base, rule)}, settings)
+            false += beside.metrics(ANOMALY)["false_incidents"]
+        candidate = ((-false, key[1]), threshold, persistence)
+        if best is None or candidate > best[0]:
+            best = (candidate, rule, {**quality, "false_incidents": false})
     return best[1], best[2]
 
 
@@ -393,8 +431,9 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     splits = load_splits(spark, config, dataset_dirs, progress)
     families = [f for f in FAMILIES if f in families]
     features = sorted({f for fam in families for f in DetectorConfig(fam).features})
-    report = validate_training_set(splits["train"].rows, features, [f for f in families if f != ANOMALY],
-                                   known_labels=SUPERVISED)
+    # The anomaly rule alone is still calibrated on faults (of every family): it needs them too.
+    labelled = [f for f in families if f != ANOMALY] or list(SUPERVISED)
+    report = validate_training_set(splits["train"].rows, features, labelled, known_labels=SUPERVISED)
     progress(report.text())
     if not report.success:
         raise TrainingSetInvalid(report.text())
@@ -407,10 +446,13 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     if gate_runs.empty:
         gate_runs, gate_name = splits["validation"], "validation runs"
     candidates: dict[str, Candidate] = {}
-    for family in families:
+    for family in families:  # causes first, the anomaly rule last
         progress(f"training {family} ({len(rows_for(splits['train'].rows, FAMILY_LEVEL[family]))} rows)")
         family_grid = ANOMALY_GRID if family == ANOMALY and grid is DEFAULT_GRID else grid
-        candidates[family] = train_family(family, splits, settings, seed, family_grid, progress, feedback)
+        # The anomaly rule is calibrated beside the models it will run with: this training's
+        # candidates, else the champions.
+        others = {**held, **{f: c.loaded() for f, c in candidates.items()}}
+        candidates[family] = train_family(family, splits, settings, seed, family_grid, progress, feedback, others)
     challengers = {family: c.loaded() for family, c in candidates.items()}
     # Every family's new model together, the others' champions where they were not retrained.
     everything = {**held, **challengers}

@@ -100,3 +100,30 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
                for r in outcome.reasons), outcome.reasons
     registry.use_config(trained_store)  # a dry run registers nothing and moves no alias
     assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) == challenger_before
+
+
+def test_the_anomaly_rule_is_calibrated_beside_the_models_it_runs_with(spark, trained_store):
+    """Judged alone, an anomaly on a faulty run is excused as if the policy always folded it into
+    its cause; beside the supervised champions (as the job and the gate run it) one that opens
+    before its cause is a false family. The calibration counts what the gate counts."""
+    from models.evaluation import judge
+    from models.training import calibrate_for_incidents, champions, load_splits
+    from pipelines.detection.policy import PolicySettings
+    from pipelines.families import ANOMALY
+    from tests.conftest import LAB_CORPUS
+
+    validation = load_splits(spark, trained_store, [LAB_CORPUS], lambda _: None)["validation"]
+    settings = PolicySettings.from_config(trained_store)
+    held = champions(trained_store, ["state_leak", "backpressure", "skew", "checkpoint_failure", ANOMALY])
+    anomaly = held.pop(ANOMALY)
+    alone_rule, alone = calibrate_for_incidents(ANOMALY, anomaly.detector, validation, settings)
+    rule, beside = calibrate_for_incidents(ANOMALY, anomaly.detector, validation, settings, others=held)
+
+    def gate_count(r):
+        model = registry.LoadedDetector("a", "1", "c", anomaly.detector, r, {})
+        return judge(validation, {**held, ANOMALY: model}, settings).metrics(ANOMALY)["false_incidents"]
+
+    counted, counted_alone = gate_count(rule), gate_count(alone_rule)
+    assert beside["false_incidents"] == counted  # what the gate will count, not a lower bound
+    assert alone["false_incidents"] <= counted_alone  # alone, the excuse can only hide anomalies
+    assert counted <= counted_alone  # the rule calibrated alone was a candidate too
