@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,13 +228,14 @@ class EmbeddedStack:
                 f"port {port} on {host} is already in use by a process that `sentinel up` did not start. "
                 "Stop it, or set stack.mlflow_port (SENTINEL_STACK__MLFLOW_PORT)."
             )
-        artifact_root = Path(self.config.mlflow.artifact_root)
-        artifact_root.mkdir(parents=True, exist_ok=True)
+        artifact_root = self.config.mlflow.artifact_root
+        if artifact_root.startswith("file:"):
+            Path(urllib.request.url2pathname(urllib.parse.urlparse(artifact_root).path)).mkdir(parents=True, exist_ok=True)
         record = self._spawn(
             "mlflow",
             [sys.executable, "-m", "mlflow", "server",
              "--backend-store-uri", self.config.mlflow.tracking_uri,
-             "--default-artifact-root", artifact_root.as_uri(),
+             "--default-artifact-root", artifact_root,
              "--host", host, "--port", str(port), "--workers", "1"],
             self.mlflow_url,
         )

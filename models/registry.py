@@ -64,6 +64,39 @@ def use_config(config: SentinelConfig) -> None:
     mlflow.set_registry_uri(config.mlflow.registry_uri)
 
 
+def ensure_experiment(config: SentinelConfig) -> str:
+    """Make ``mlflow.experiment`` the active experiment, created with ``mlflow.artifact_root`` as
+    its artifact location when it does not exist yet (MLflow's own default for a database store
+    is ./mlruns of the current folder). Returns where its artifacts go."""
+    use_config(config)
+    name, root = config.mlflow.experiment, config.mlflow.artifact_root
+    experiment = MlflowClient().get_experiment_by_name(name)
+    if experiment is None:
+        location = f"{root.rstrip('/')}/{name}" if root else None
+        MlflowClient().create_experiment(name, artifact_location=location)
+    experiment = mlflow.set_experiment(name)
+    return experiment.artifact_location
+
+
+def pip_requirements() -> list[str]:
+    """What a logged detector needs to load: this project at the same major version (the
+    detector's classes live in it; any release of that major reads its models), the libraries
+    of the pickled objects at the versions that wrote them (to the minor for scikit-learn, whose
+    pickles are only promised to load in the release that wrote them)."""
+    import cloudpickle
+    import numpy
+    import sklearn
+    from importlib.metadata import version
+
+    def minor(v: str) -> str:
+        return ".".join(v.split(".")[:2])
+
+    major = version("checkpoint-sentinel").split(".")[0]
+    return [f"checkpoint-sentinel=={major}.*", f"mlflow=={mlflow.__version__.split('.')[0]}.*",
+            f"scikit-learn=={minor(sklearn.__version__)}.*", f"numpy=={numpy.__version__.split('.')[0]}.*",
+            f"pandas=={pd.__version__.split('.')[0]}.*", f"cloudpickle=={cloudpickle.__version__.split('.')[0]}.*"]
+
+
 def data_fingerprint(frame: pd.DataFrame) -> str:
     """A stable hash of the training rows (order-independent), logged with the model."""
     hashed = pd.util.hash_pandas_object(frame.sort_index(axis=1), index=False)
@@ -88,6 +121,7 @@ def log_detector(detector: FamilyDetector | NoveltyDetector, post_rule: PostRule
     signature = infer_signature(example, model.predict(None, example))
     info = mlflow.pyfunc.log_model(name=detector.config.family, python_model=model, signature=signature,
                                    input_example=example, registered_model_name=registered_name,
+                                   pip_requirements=pip_requirements(),
                                    metadata={k: v for k, v in metadata.items() if k != "detector_config"})
     mlflow.log_dict(metadata, f"{detector.config.family}/sentinel_metadata.json")
     return str(info.registered_model_version)

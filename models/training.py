@@ -438,7 +438,8 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     if not report.success:
         raise TrainingSetInvalid(report.text())
     if not dry_run:
-        mlflow.set_experiment(config.mlflow.experiment)
+        progress(f"MLflow experiment {config.mlflow.experiment!r} at {config.mlflow.tracking_uri}, artifacts in "
+                 f"{registry.ensure_experiment(config)}")
     held = champions(config, FAMILIES)
     # The gate judges on real Flink: the lab's validation runs, else the simulated ones.
     gate_runs = splits["validation"].of("lab")

@@ -122,10 +122,19 @@ class MlflowConfig(_Strict):
         None, description="Defaults to the embedded sqlite store under the state folder."
     )
     registry_uri: str | None = Field(None, description="Defaults to the tracking URI.")
-    artifact_root: Path | None = Field(None, description="Defaults to <state_dir>/mlflow/artifacts.")
+    artifact_root: str | None = Field(
+        None, description="Where the experiment keeps its artifacts (the models): a path or a URI (file://, s3://, "
+                          "mlflow-artifacts:/ of a tracking server that serves them). Set on the experiment when "
+                          "`sentinel train` creates it. Defaults to <state_dir>/mlflow/artifacts for a local store; "
+                          "with an http(s) tracking URI, to the server's own default.")
     experiment: str = "checkpoint-sentinel"
     models: ModelNames = Field(default_factory=ModelNames)
     alias: str = "champion"
+
+    @property
+    def tracking_server(self) -> bool:
+        """True when MLflow is reached over HTTP (a tracking server), not a store opened in-process."""
+        return (self.tracking_uri or "").lower().startswith(("http://", "https://"))
 
 
 class FeaturesConfig(_Strict):
@@ -296,9 +305,14 @@ class SentinelConfig(_Strict):
         cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
         cfg.lab.corpus_dir = _absolute(cfg.lab.corpus_dir or PROJECT_ROOT / "data" / "lab", base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"
-        cfg.mlflow.artifact_root = _absolute(cfg.mlflow.artifact_root or mlflow_dir / "artifacts", base_dir)
         if cfg.mlflow.tracking_uri is None:
             cfg.mlflow.tracking_uri = f"sqlite:///{mlflow_dir / 'mlflow.db'}"
+        if cfg.mlflow.artifact_root is None and not cfg.mlflow.tracking_server:
+            # Without this, MLflow puts a database store's artifacts in ./mlruns of whatever
+            # folder the command ran in.
+            cfg.mlflow.artifact_root = str(mlflow_dir / "artifacts")
+        if cfg.mlflow.artifact_root is not None and not _is_uri(cfg.mlflow.artifact_root):
+            cfg.mlflow.artifact_root = _absolute(Path(cfg.mlflow.artifact_root), base_dir).as_uri()
         if cfg.mlflow.registry_uri is None:
             cfg.mlflow.registry_uri = cfg.mlflow.tracking_uri
         return cfg
@@ -306,6 +320,12 @@ class SentinelConfig(_Strict):
     def checkpoint_dir(self, query_name: str) -> Path:
         """Each streaming query gets its own checkpoint folder: sharing one corrupts both."""
         return Path(self.spark.checkpoint_location) / query_name
+
+
+def _is_uri(value: str) -> bool:
+    """``s3://b/x``, ``file:///x``, ``mlflow-artifacts:/x``; not a path (a Windows drive is no scheme)."""
+    scheme, sep, _ = value.partition(":")
+    return bool(sep) and len(scheme) > 1 and scheme.replace("-", "").replace("+", "").replace(".", "").isalnum()
 
 
 def _absolute(path: Path, base_dir: Path) -> Path:

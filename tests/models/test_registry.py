@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pandas as pd
@@ -16,8 +18,7 @@ from tests.conftest import config_for
 @pytest.fixture
 def mlflow_store(tmp_path):
     config = config_for(tmp_path)
-    registry.use_config(config)
-    mlflow.set_experiment("tests")
+    registry.ensure_experiment(config)
     yield config
     mlflow.set_tracking_uri(None)
 
@@ -62,3 +63,21 @@ def test_fingerprint_ignores_row_order_but_not_values():
     changed = frame.copy()
     changed.iloc[0, 0] += 1
     assert registry.data_fingerprint(changed) != registry.data_fingerprint(frame)
+
+
+def test_models_go_to_the_configured_artifact_root_and_pin_only_the_major(mlflow_store, tmp_path, monkeypatch):
+    """A database store's artifacts go where the config says (MLflow's default is ./mlruns of the
+    current folder), and a model asks for this project at its major version, not the exact build."""
+    monkeypatch.chdir(tmp_path)  # where ./mlruns would appear
+    frame, target = _rows()
+    detector = FamilyDetector(DetectorConfig("skew", seed=1)).fit(frame, target)
+    with mlflow.start_run():
+        version = registry.log_detector(detector, PostRule(0.7, 2, 3), frame, "sentinel-skew")
+    artifacts = Path(mlflow_store.state_dir) / "mlflow" / "artifacts" / mlflow_store.mlflow.experiment
+    requirements = list(artifacts.rglob("requirements.txt"))
+    assert len(requirements) == 1 and not (tmp_path / "mlruns").exists()
+    pins = requirements[0].read_text().split()
+    assert "checkpoint-sentinel==0.*" in pins
+    assert not [p for p in pins if p.startswith("checkpoint-sentinel==0.1")]
+    source = mlflow.MlflowClient().get_model_version("sentinel-skew", version).source
+    assert source.startswith("models:/") or source.startswith(artifacts.as_uri())

@@ -48,6 +48,21 @@ def test_yaml_file_then_environment_overrides(tmp_path):
     # Relative paths are relative to the config file's folder.
     assert config.spark.checkpoint_location == path.parent / "ckpt"
     assert config.mlflow.tracking_uri == config.mlflow.registry_uri == "http://mlflow:5000"
+    # A tracking server keeps artifacts where it is told to, unless the config says otherwise.
+    assert config.mlflow.artifact_root is None
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, "{state}/mlflow/artifacts"),  # a local store's artifacts beside it, never ./mlruns
+    ("models", "{base}/models"),
+    ("s3://bucket/sentinel", "s3://bucket/sentinel"),
+    ("mlflow-artifacts:/sentinel", "mlflow-artifacts:/sentinel"),
+])
+def test_the_artifact_root_is_a_uri(tmp_path, given, expected):
+    environ = {} if given is None else {"SENTINEL_MLFLOW__ARTIFACT_ROOT": given}
+    config = load_config(environ=environ, base_dir=tmp_path)
+    expected = expected.format(state=(tmp_path / ".sentinel").as_uri(), base=tmp_path.as_uri())
+    assert config.mlflow.artifact_root == expected
 
 
 def test_sentinel_config_variable_names_the_file(tmp_path):

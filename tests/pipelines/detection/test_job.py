@@ -137,7 +137,7 @@ def test_moving_the_champion_alias_changes_the_version_in_new_incidents(spark, d
     config.mlflow.models.state_leak = f"sentinel-state-leak-{config.topics.input}"  # a model of this test's own
     registry.use_config(config)
     leak = registry.load_detector(trained_leak_name, "champion")
-    mlflow.set_experiment("alias-move")
+    registry.ensure_experiment(config)
     with mlflow.start_run():
         first = registry.log_detector(leak.detector, leak.post_rule, _example_rows(leak), config.mlflow.models.state_leak)
     registry.set_alias(config.mlflow.models.state_leak, "champion", first)

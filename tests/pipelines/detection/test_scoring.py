@@ -36,8 +36,7 @@ def _register_skew(threshold: float, seed: int) -> str:
 @pytest.fixture
 def store(tmp_path):
     config = config_for(tmp_path, detection__model_refresh_s="30")
-    registry.use_config(config)
-    mlflow.set_experiment("tests")
+    registry.ensure_experiment(config)
     yield config
     mlflow.set_tracking_uri(None)
 
