@@ -63,6 +63,47 @@ def _relative(names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in names if n not in ABSOLUTE)
 
 
+# How a family's score may move as a feature grows, all else equal (+1: never down, -1: never
+# up), in the direction operators read these metrics; features not named are free. Trained on
+# a few dozen real runs and a simulator, an unconstrained model learns accidents of its data
+# (measured on the lab's severe backpressure: 47 s of checkpoint start delay pulled a saturated
+# bottleneck's score from 0.93 down to 0.06, so it was found only when checkpoints failed).
+MONOTONE: dict[str, dict[str, int]] = {
+    "backpressure": {
+        "busy_max": 1, "busy_mean": 1, "idle_mean": -1,
+        # the bottleneck itself is busy, not waiting: its own backpressured time says "look downstream"
+        "backpressured_max": -1, "backpressured_mean": -1,
+        "downstream_of_backpressure": 1, "is_busiest_vertex": 1, "others_backpressured_max": 1,
+        "start_delay_max_ms": 1, "alignment_max_ms": 1, "start_delay_rel_slope_per_h": 1,
+        "alignment_rel_slope_per_h": 1, "persisted_inflight_rel_slope_per_h": 1,
+        "checkpoint_duration_over_interval": 1, "checkpoint_duration_over_timeout": 1,
+    },
+    "skew": {
+        "records_in_max_over_mean": 1, "records_in_cv": 1, "records_in_hot_excess": 1,
+        "state_max_over_mean": 1, "state_cv": 1, "state_hot_excess": 1, "start_delay_max_over_median": 1,
+    },
+    "checkpoint_failure": {
+        "checkpoint_failed_fraction": 1, "checkpoint_consecutive_failures": 1, "checkpoint_failures_counted": 1,
+        "checkpoint_duration_over_interval": 1, "checkpoint_duration_over_timeout": 1,
+        "checkpoint_duration_rel_slope_per_h": 1, "restarts_in_window": 1, "jm_heap_ratio": 1,
+        "jm_heap_rel_slope_per_h": 1,
+    },
+    "state_leak": {
+        **{f"{level}{name}": 1 for level in ("", "vertex_") for name in (
+            "state_rel_slope_per_h", "state_r2", "state_rel_slope_long_per_h", "state_r2_long",
+            "state_over_prior_max", "state_over_plateau", "limit_ratio")},
+        "state_frac_increasing": 1, "checkpointed_rel_slope_per_h": 1,
+        # ~1 while a leak keeps its pace, ~0 as a warm-up levels off
+        "state_deceleration": 1, "vertex_state_deceleration": 1,
+        "limit_eta_s": -1,  # the sooner the limit, the worse
+    },
+}
+
+
+def default_monotone(family: str, features: tuple[str, ...]) -> dict[str, int]:
+    return {name: sign for name, sign in MONOTONE.get(family, {}).items() if name in features}
+
+
 @dataclass
 class DetectorConfig:
     family: str
@@ -73,6 +114,8 @@ class DetectorConfig:
     n_estimators: int = 200  # the novelty detector's trees
     seed: int = 0
     feature_set_version: int = FEATURE_SET_VERSION
+    # feature -> +1/-1 (see MONOTONE); None: the family's default. Saved with the model.
+    monotone: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILY_LEVEL:
@@ -81,6 +124,11 @@ class DetectorConfig:
         unknown = set(self.features) - {f.name for f in FEATURES}
         if unknown:
             raise ValueError(f"features not in the feature store: {sorted(unknown)}")
+        if self.monotone is None:
+            self.monotone = default_monotone(self.family, self.features)
+        stray = set(self.monotone) - set(self.features)
+        if stray or any(sign not in (-1, 1) for sign in self.monotone.values()):
+            raise ValueError(f"monotone constraints must be +1/-1 on the detector's own features: {self.monotone}")
 
     @property
     def level(self) -> str:
@@ -93,7 +141,8 @@ class DetectorConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DetectorConfig":
-        return cls(**{**d, "features": tuple(d.get("features", ()))})
+        # A model saved before constraints existed was trained without any.
+        return cls(**{"monotone": {}, **d, "features": tuple(d.get("features", ()))})
 
 
 def rows_for(frame: pd.DataFrame, level: str) -> pd.DataFrame:
@@ -140,6 +189,7 @@ class FamilyDetector(_Scorer):
         self.model = HistGradientBoostingClassifier(
             learning_rate=self.config.learning_rate, max_depth=self.config.max_depth, max_iter=self.config.max_iter,
             random_state=self.config.seed, class_weight="balanced",
+            monotonic_cst=[self.config.monotone.get(name, 0) for name in self.config.features],
         ).fit(_matrix(frame, self.config.features), y, sample_weight=sample_weight)
         return self
 

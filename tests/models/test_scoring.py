@@ -182,6 +182,43 @@ def test_a_detector_config_rejects_unknown_features():
         DetectorConfig("latency")
 
 
+def test_a_backpressure_score_never_falls_as_the_evidence_of_backpressure_grows():
+    # Training rows where, by accident of the data, long start delays come with healthy rows:
+    # unconstrained, the model learns "a long start delay is not backpressure".
+    rng = np.random.default_rng(0)
+    features = DetectorConfig("backpressure").features
+    n = 4000
+    frame = pd.DataFrame({name: rng.uniform(0, 1, n) for name in features})
+    frame["start_delay_max_ms"] = rng.uniform(0, 60_000, n)
+    busy = frame["busy_max"].to_numpy() > 0.7
+    is_backpressure = busy & (frame["start_delay_max_ms"].to_numpy() < 30_000)
+    saturated = frame.head(50).assign(busy_max=0.99, others_backpressured_max=0.9)
+    delays = np.linspace(0, 60_000, 13)
+
+    def scores_along_delay(config: DetectorConfig) -> np.ndarray:
+        detector = make_detector(config).fit(frame, is_backpressure)
+        return np.stack([detector.score(saturated.assign(start_delay_max_ms=d)) for d in delays])
+
+    constrained = scores_along_delay(DetectorConfig("backpressure", seed=1))
+    assert np.all(np.diff(constrained, axis=0) >= -1e-12)  # per row, never down as the delay grows
+    free = scores_along_delay(DetectorConfig("backpressure", seed=1, monotone={}))
+    assert (free[-1] < free[0] - 0.5).mean() > 0.9  # the accident it would learn without them
+
+
+def test_detector_constraints_are_checked_saved_and_absent_from_models_trained_before_them():
+    config = DetectorConfig("backpressure")
+    assert config.monotone["busy_max"] == 1 and config.monotone["backpressured_mean"] == -1
+    assert set(config.monotone) <= set(config.features)
+    assert DetectorConfig.from_dict(config.to_dict()).monotone == config.monotone
+    legacy = {k: v for k, v in config.to_dict().items() if k != "monotone"}
+    assert DetectorConfig.from_dict(legacy).monotone == {}
+    assert DetectorConfig("anomaly").monotone == {}
+    with pytest.raises(ValueError, match="monotone"):
+        DetectorConfig("skew", monotone={"busy_mean": 1})  # not one of the skew detector's features
+    with pytest.raises(ValueError, match="monotone"):
+        DetectorConfig("skew", monotone={"records_in_cv": 2})
+
+
 def test_scoring_needs_a_fitted_detector_and_accepts_no_rows():
     frame = pd.DataFrame({name: [0.5] for name in DetectorConfig("skew").features})
     detector = make_detector(DetectorConfig("skew"))
