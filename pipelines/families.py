@@ -32,6 +32,10 @@ EXPLAINED_BY: dict[str, tuple[str, ...]] = {
 }
 # Symptoms that must sit on the cause's own vertex to be explained by it.
 SAME_VERTEX = {(BACKPRESSURE, SKEW)}
+# Families a job has one open incident of. Backpressure cascades from one bottleneck: the vertices
+# around it slow down too and can read like bottlenecks of their own (measured in the lab: a
+# busy, partly backpressured neighbour); they join the open incident as its symptoms.
+ONE_PER_JOB = (BACKPRESSURE,)
 # The Alertmanager ``alertname`` of each family's incidents (an incident's ``labels.alertname``).
 ALERTNAMES = {STATE_LEAK: "FlinkStateLeak", BACKPRESSURE: "FlinkBackpressure", SKEW: "FlinkSkew",
               CHECKPOINT_FAILURE: "FlinkCheckpointFailure", ANOMALY: "FlinkAnomaly"}

@@ -1,7 +1,10 @@
-"""The local Spark session: Java check, Python workers pinned to this interpreter, our data source.
+"""The Spark session: Java check, Python workers, our data source.
 
-Users never set ``PYSPARK_PYTHON``: the driver and its workers run the interpreter that runs this
-code (the project's ``.venv``), so the workers can import the project's packages.
+Run by ``sentinel`` itself, the session is local (``spark.master`` of the config) and users never
+set ``PYSPARK_PYTHON``: the driver and its workers run the interpreter that runs this code (the
+project's ``.venv``), so the workers can import the project's packages. Run by ``spark-submit``
+(``infra/spark_submit_main.py``), spark-submit owns the cluster: its ``--master``, ``--conf``,
+driver memory and ``spark.pyspark.python`` are left as given.
 """
 
 from __future__ import annotations
@@ -52,17 +55,28 @@ def ensure_java() -> str:
     return java
 
 
+def submitted() -> bool:
+    """True when spark-submit started this driver (it hands the Python process its JVM's port)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
 def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
     """Get or create the session described by ``config.spark``, with the Kafka data source registered."""
     ensure_java()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     spark_cfg = config.spark
+    builder = SparkSession.builder
+    if not submitted():
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        builder = (builder.master(spark_cfg.master)
+                   .config("spark.driver.memory", spark_cfg.driver_memory)
+                   # Spark's scratch files inside the project's state folder, not /tmp at random (a
+                   # cluster's workers have their own SPARK_LOCAL_DIRS).
+                   .config("spark.local.dir", str(config.state_dir / "spark-local")))
     builder = (
-        SparkSession.builder.master(spark_cfg.master)
+        builder
         .appName(spark_cfg.app_name + (f"-{app_suffix}" if app_suffix else ""))
         .config("spark.sql.shuffle.partitions", str(spark_cfg.shuffle_partitions))
-        .config("spark.driver.memory", spark_cfg.driver_memory)
         .config("spark.ui.enabled", str(spark_cfg.ui_enabled).lower())
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
@@ -70,8 +84,6 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # transformWithState (the streaming features) needs RocksDB; it also keeps large state off-heap.
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
-        # Keep Spark's own scratch files inside the project state folder, not /tmp at random.
-        .config("spark.local.dir", str(config.state_dir / "spark-local"))
         .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
     )

@@ -39,8 +39,8 @@ import pandas as pd
 
 from models.post_rule import DEFAULT_WARMUP_HORIZON_S, PostRule
 from pipelines.detection import evidence as ev
-from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, SAME_VERTEX,
-                                STATE_LEAK)
+from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED,
+                                ONE_PER_JOB, SAME_VERTEX, STATE_LEAK)
 
 SCHEMA_VERSION = 1
 TERMINAL_STATES = ("FINISHED", "CANCELED", "FAILED")
@@ -155,7 +155,7 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         # NaN is the only value unequal to itself: the cheap test, on every column.
         record = {name: (v if v == v else None) for name, values in columns.items() for v in (values[i],)}
         forecast = ev.leak_forecast(record, job_settings.state_limit_bytes) if family == STATE_LEAK else None
-        if holds and family in EXPLAINED_BY:
+        if holds and (family in EXPLAINED_BY or family in ONE_PER_JOB):
             cause = _open_cause(job, family, record.get("vertex_id"))
             if cause is not None:
                 holds = False
@@ -210,12 +210,17 @@ def _entities(job: dict):
 
 
 def _open_cause(job: dict, family: str, vertex_id: str | None) -> dict | None:
-    """The open incident of a cause that explains ``family`` on this job, if any (the first cause
-    in ``EXPLAINED_BY`` order; some pairs only on the same vertex)."""
-    for cause in EXPLAINED_BY[family]:
+    """The open incident ``family`` on this vertex joins, if any: a cause that explains it (the
+    first in ``EXPLAINED_BY`` order; some pairs only on the same vertex), else, for a family a job
+    has one incident of, that family's incident on another vertex."""
+    for cause in EXPLAINED_BY.get(family, ()):
         for cause_family, cause_vertex, entity in _entities(job):
             if cause_family == cause and entity["open"] and (
                     (family, cause) not in SAME_VERTEX or cause_vertex == vertex_id):
+                return entity
+    if family in ONE_PER_JOB:
+        for other_family, other_vertex, entity in _entities(job):
+            if other_family == family and other_vertex != vertex_id and entity["open"]:
                 return entity
     return None
 
@@ -253,8 +258,10 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
     symptoms = open_.setdefault("symptoms", [])
     known = next((s for s in symptoms if s["family"] == family), None)
     if known is None:
-        symptoms.append({"family": family, "first_at": first_at,
-                         "evidence": ev.evidence(family, record, _recent_failure(family, record)),
+        evidence = ev.evidence(family, record, _recent_failure(family, record))
+        if family in LOCALISED:  # where it shows, which need not be the cause's vertex
+            evidence.update(vertex_id=record.get("vertex_id"), vertex_name=record.get("vertex_name"))
+        symptoms.append({"family": family, "first_at": first_at, "evidence": evidence,
                          "severity": severity, "last_at": ts})
     else:
         known.update(last_at=ts, severity=max(known["severity"], severity, key=SEVERITY_RANK.get))
@@ -264,7 +271,10 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
     last = dict(open_["last_event"])
     new_severity = _with_symptoms(open_, open_["severity"], ts, settings)
     open_["severity"] = new_severity
-    detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
+    if family == last["family"]:  # the same family elsewhere in the job: where else it shows
+        detail = f"{record.get('vertex_name') or record.get('vertex_id')} slowed too"
+    else:
+        detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
     summary = last["summary"].split("] ", 1)[-1]
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
              "summary": f"[{new_severity}] {summary} (and {detail})",

@@ -182,6 +182,28 @@ def test_backpressure_behind_a_hot_key_is_the_skews_symptom_on_its_vertex_only()
     assert events[1]["symptoms"][0]["family"] == "backpressure"
 
 
+def test_a_job_has_one_backpressure_incident_and_the_cascade_joins_it():
+    bottleneck = rows_and_scores([(m, 0.9 if m < 4 else 0.1) for m in range(20)], family="backpressure",
+                                 vertex="enrich", busy_max=1.0)
+    neighbour = rows_and_scores([(m, 0.9 if m >= 2 else 0.1) for m in range(20)], family="backpressure",
+                                vertex="keyed", busy_max=0.6, backpressured_max=0.35)
+    other_job = rows_and_scores([(m, 0.9) for m in range(4)], family="backpressure", vertex="keyed", job="j2")
+    events = step({}, *together(bottleneck, neighbour, other_job), RULES, SETTINGS)
+    j1 = [(e["event"], e["vertex_id"], e["updated_at"] // MIN) for e in events if e["job_id"] == "j1"]
+    # The neighbour slows while the bottleneck's incident is open: its symptom, not an incident;
+    # once that incident resolves, what still holds is an incident of its own.
+    assert j1 == [("opened", "enrich", 1), ("updated", "enrich", 3), ("resolved", "enrich", 15),
+                  ("opened", "keyed", 15)]
+    updated = next(e for e in events if e["event"] == "updated")
+    (symptom,) = updated["symptoms"]
+    assert symptom["family"] == "backpressure" and symptom["first_at"] == 3 * MIN
+    assert (symptom["evidence"]["vertex_id"], symptom["evidence"]["vertex_name"]) == ("keyed", "Window")
+    assert updated["summary"].endswith("(and Window slowed too)")
+    assert [(e["event"], e["vertex_id"]) for e in events if e["job_id"] == "j2"] == [("opened", "keyed")]  # per job
+    for event in events:
+        assert INCIDENT.errors(event) == []
+
+
 def test_operator_knowledge_per_job_overrides_the_defaults():
     young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "job_age_checkpoints": 20, "vertex_state_deceleration": 1.0,
                     "vertex_state_over_plateau": None,
