@@ -399,12 +399,17 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
     if config.collector.metrics_port is not None and not args.once:
         server = serve(metrics.registry, config.collector.metrics_host, config.collector.metrics_port)
         print(f"metrics for Prometheus at {server.url}", flush=True)
+    # As a service (systemd, Kubernetes) it is stopped with SIGTERM: the polls under way finish
+    # and the producer is flushed, so what they read is published and recorded once.
+    stop = None if args.once else _stop_on_signals()
     try:
         results = run_collector(config, endpoints, once=args.once, report=lambda r: print(r.line(), flush=True),
-                                metrics=metrics)
+                                metrics=metrics, stop=stop)
     finally:
         if server is not None:
             server.close()
+    if stop is not None and stop.is_set():
+        print("stopped: the producer flushed and closed", flush=True)
     unreachable = [r.cluster for r in results if not r.reachable]
     if unreachable:
         print(f"sentinel collect: could not reach {', '.join(unreachable)}; check the REST URL and that the "

@@ -202,6 +202,43 @@ def test_cli_collect_once(config, tmp_path, monkeypatch, capsys):
     assert (tmp_path / "state" / "collector" / "prod-eu.json").is_file()
 
 
+def test_the_collector_service_stops_cleanly_on_sigterm(config, tmp_path):
+    """systemd and Kubernetes stop the collector with SIGTERM: it finishes the poll under way,
+    flushes its producer and exits 0; what it published is on the topic, each checkpoint once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+           "SENTINEL_TOPICS__INPUT": config.topics.input, "SENTINEL_STATE_DIR": str(tmp_path / "state"),
+           "SENTINEL_COLLECTOR__METRICS_PORT": "0"}
+    with RecordedFlink(recorded_polls("leak")) as flink:
+        service = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "collect", "--flink-rest", flink.url,
+                                    "--cluster", "prod-eu", "--interval", "1s"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "state" / "collector" / "prod-eu.json").is_file():  # a poll published
+                assert service.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+            service.send_signal(signal.SIGTERM)
+            out, _ = service.communicate(timeout=60)
+        finally:
+            if service.poll() is None:
+                service.kill()
+    assert service.returncode == 0, out
+    assert "SIGTERM: stopping after the work under way" in out and "stopped: the producer flushed and closed" in out
+    consumer = kafka_clients.make_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    try:
+        events = [json.loads(r.value) for r in kafka_clients.read_records(consumer, config.topics.input, timeout_s=30)]
+    finally:
+        consumer.close()
+    assert checkpoint_ids(events) and len(checkpoint_ids(events)) == len(set(checkpoint_ids(events)))
+    assert {e["cluster"] for e in events} == {"prod-eu"}
+
+
 def test_cli_collect_says_what_is_wrong(config, tmp_path, monkeypatch, capsys):
     from infra.embedded_stack import free_port
 
