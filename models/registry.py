@@ -9,6 +9,7 @@ it. Aliases (``champion``, ``challenger``), never stages, say which version serv
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,30 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 
 class ModelUnavailable(RuntimeError):
     """No model under that name and alias, or the registry cannot be reached."""
+
+
+# Stores MLflow opens in-process through SQLAlchemy: only the full ``mlflow`` distribution has it.
+DATABASE_STORES = ("sqlite", "postgresql", "mysql", "mssql")
+STACK_EXTRA = "pip install 'checkpoint-sentinel[stack]'"
+
+
+def full_mlflow_installed() -> bool:
+    """True with the ``mlflow`` distribution (server, UI, database stores); False with only
+    ``mlflow-skinny``, the client the job's lean runtime needs."""
+    try:
+        importlib.metadata.distribution("mlflow")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _check_store_support(uri: str | None) -> None:
+    scheme = (uri or "").split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme in DATABASE_STORES and not full_mlflow_installed():
+        raise ModelUnavailable(
+            f"the MLflow store {uri} is a database, which only full MLflow opens in-process; this install "
+            f"has the MLflow client alone (mlflow-skinny). Point mlflow.tracking_uri at a tracking server "
+            f"(SENTINEL_MLFLOW__TRACKING_URI=http://mlflow.internal:5000), or install the stack extra: {STACK_EXTRA}")
 
 
 class SentinelDetectorModel(PythonModel):
@@ -60,6 +85,8 @@ class LoadedDetector:
 
 def use_config(config: SentinelConfig) -> None:
     """Point MLflow at the configured tracking and registry stores."""
+    _check_store_support(config.mlflow.tracking_uri)
+    _check_store_support(config.mlflow.registry_uri)
     mlflow.set_tracking_uri(config.mlflow.tracking_uri)
     mlflow.set_registry_uri(config.mlflow.registry_uri)
 
