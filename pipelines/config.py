@@ -95,7 +95,8 @@ class TopicsConfig(_Strict):
 
 
 class SparkConfig(_Strict):
-    master: str = "local[2]"
+    master: str = Field("local[2]", description="Spark's master when `sentinel` starts Spark itself; under "
+                                                 "spark-submit (infra/spark_submit_main.py) its --master wins.")
     app_name: str = "checkpoint-sentinel"
     checkpoint_location: Path | None = Field(
         None, description="Root folder (default <state_dir>/checkpoints); each query checkpoints in its own "

@@ -19,15 +19,19 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyspark
 import pytest
 
+from pipelines import simulator
 from pipelines.detection.job import replay
 from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import events_with_sweep, fleet, opened, publish, read_topic, wait_for, write_jsonl
+from tests.pipelines.detection.helpers import (MINUTE, events_with_sweep, fleet, opened, publish, read_topic, wait_for,
+                                               write_jsonl)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+SPARK_HOME = str(Path(pyspark.__file__).parent)  # the distribution pip installed: bin/, jars/
 
 
 def free_port() -> int:
@@ -64,8 +68,8 @@ def _reachable(url: str) -> bool:
 
 @pytest.fixture
 def standalone_cluster(tmp_path):
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOG_DIR": str(tmp_path / "logs"),
-           "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1",
+           "SPARK_LOG_DIR": str(tmp_path / "logs"), "PYSPARK_PYTHON": sys.executable}
     port, ui_port = free_port(), free_port()
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -97,11 +101,18 @@ def standalone_cluster(tmp_path):
 def test_the_job_runs_on_a_standalone_cluster_and_survives_losing_a_worker(spark, broker_config, trained_store,
                                                                           tmp_path, standalone_cluster):
     config = detection_config_for(broker_config, trained_store, tmp_path / "job")
-    jobs = fleet(["leak_linear", "checkpoint_storage_errors", "skew_hot_key", "healthy_steady"], 23, 60)
-    events = events_with_sweep(jobs, config)
+    # Two fleets one after the other in event time: the first before the worker is lost, the
+    # second after it, each with incidents of its own.
+    before = fleet(["leak_linear", "skew_hot_key", "healthy_steady"], 23, 45)
+    first_events = list(simulator.merged_events(before))
+    after = [simulator.simulate_job("checkpoint_storage_errors", 23, 3, 45 * MINUTE, cluster="e2e",
+                                    start_ts=first_events[-1]["ts"] + MINUTE)]
+    second_events = events_with_sweep(after, config)
+    events = first_events + second_events
     expected = replay(spark, config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
     expected_ids = {i["incident_id"] for i in opened(expected.incidents)}
-    assert len(expected_ids) >= 3, "the fleet must raise incidents for this test to mean anything"
+    after_ids = {i["incident_id"] for i in opened(expected.incidents) if i["job_id"] in {j.truth["job_id"] for j in after}}
+    assert after_ids and expected_ids - after_ids, "each fleet must raise incidents for this test to mean anything"
 
     env = {**os.environ, "SENTINEL_STATE_DIR": str(config.state_dir),
            "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
@@ -111,7 +122,7 @@ def test_the_job_runs_on_a_standalone_cluster_and_survives_losing_a_worker(spark
            "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
            "SENTINEL_SPARK__MASTER": "local[1]",  # spark-submit's --master must win
            "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0",
-           "SPARK_LOCAL_IP": "127.0.0.1"}
+           "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1"}
     env.pop("PYSPARK_PYTHON", None)  # the cluster's Python comes from spark-submit's settings alone
     env.pop("PYSPARK_DRIVER_PYTHON", None)
     command = [BIN / "spark-submit", "--master", standalone_cluster.url, "--deploy-mode", "client",
@@ -136,20 +147,17 @@ def test_the_job_runs_on_a_standalone_cluster_and_survives_losing_a_worker(spark
         app = standalone_cluster.status()["activeapps"][0]
         assert app["name"].startswith(config.spark.app_name)
 
-        half = len(events) // 2
-        publish(config, events[:half])
+        publish(config, first_events)
 
-        def some_published() -> bool:
+        def first_fleet_published() -> bool:
             assert submitted.poll() is None, log_path.read_text()[-3000:]
-            return bool(published_ids())
-        wait_for(some_published, 300)
+            return expected_ids - after_ids <= published_ids()
+        wait_for(first_fleet_published, 300)
 
-        before_the_loss = published_ids()
-        assert expected_ids - before_the_loss, "incidents must be left for after the loss for this test to mean anything"
         lost = standalone_cluster.workers[0]
         os.killpg(lost.pid, signal.SIGKILL)  # the worker and its executor, mid-run
         lost.wait()
-        publish(config, events[half:])
+        publish(config, second_events)
 
         def all_published() -> bool:
             assert submitted.poll() is None, log_path.read_text()[-3000:]

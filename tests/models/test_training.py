@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -87,7 +88,8 @@ def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
 
 def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, trained_store, trained_datasets):
     """A dry run against the session's champions: a detector that sees only the job's age and
-    checkpoint interval misses the backpressure of the lab's validation runs the champion finds."""
+    checkpoint interval, judged on the lab's validation runs as the job would run it, is worse than
+    the champion on faults found, false incidents or false families, and the gate says which."""
     blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
     registry.use_config(trained_store)
     challenger_before = registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER)
@@ -95,9 +97,15 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
     (outcome,) = run_training(spark, trained_store, trained_datasets, families=["backpressure"], grid=blind,
                               dry_run=True, progress=lines.append)
     assert not outcome.promoted and outcome.version is None
-    assert outcome.champion["faults_found"] > outcome.challenger_gate["faults_found"]
-    assert any(r.startswith("on the real-Flink validation runs: faults found") and "worse than the champion's" in r
-               for r in outcome.reasons), outcome.reasons
+    new, old = outcome.challenger_gate, outcome.champion
+    worse = {label for metric, label, sign in (("faults_found", "faults found", -1),
+                                               ("false_incidents", "false incidents", 1),
+                                               ("false_families_on_faulty", "false families on faulty runs", 1))
+             if sign * (new[metric] - old[metric]) > 0}
+    assert worse, (new, old)
+    said = {m.group(1) for r in outcome.reasons
+            if (m := re.match(r"on the real-Flink validation runs: (.+) \d+ is worse than the champion's", r))}
+    assert said == worse, outcome.reasons
     registry.use_config(trained_store)  # a dry run registers nothing and moves no alias
     assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) == challenger_before
 

@@ -17,7 +17,7 @@ from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEA
 from tests.conftest import LAB_CORPUS
 
 LEAK_GRACE_S = 60.0  # a leak within the warm-up horizon and a minute of its onset
-CHECKPOINT_FAILURE_SLACK_S = 30.0  # after the first failed checkpoint (see the test)
+CHECKPOINT_FAILURE_SLACK_S = 5.0  # after the first failed checkpoint: the collector's next poll (see the test)
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +46,14 @@ def test_the_test_split_is_real_flink_runs_never_trained_on(evaluation):
 
 
 def test_the_detectors_find_more_than_the_static_alarms_with_fewer_false_alarms(evaluation):
-    """Where the product stands on real Flink (the issue's bar, every fault and no false incident,
-    is not met yet: see the README's table). What must hold: it beats the alarms users already have."""
+    """Where the product stands on real Flink with the test suite's smaller training (measured: 15
+    of 17, no false incident on the healthy runs, 1 false family; `sentinel train`'s full one finds
+    17 of 17 with none false, the README's table). What must hold: it beats the alarms users
+    already have, by far."""
     model, static = evaluation.comparison.metrics(), evaluation.baseline.metrics()
     assert model["fault_recall"] >= 0.85 and model["fault_recall"] > static["fault_recall"]
-    assert model["false_incidents_on_healthy"] <= 3 < static["false_incidents_on_healthy"]
-    assert model["false_families_on_faulty"] <= 6 < static["false_families_on_faulty"]
+    assert model["false_incidents_on_healthy"] <= 1 < static["false_incidents_on_healthy"]
+    assert model["false_families_on_faulty"] <= 2 < static["false_families_on_faulty"]
     for family in (STATE_LEAK, CHECKPOINT_FAILURE):
         assert evaluation.comparison.metrics(family)["fault_recall"] == 1.0, family
 
@@ -68,8 +70,9 @@ def test_leaks_are_found_within_the_warm_up_horizon_and_a_minute(evaluation, tra
 
 
 def test_checkpoint_failures_are_reported_near_the_first_failure(evaluation):
-    """The issue asks for "at or before"; measured, the symptoms of a cause come up to 15 s after it
-    (the next evaluation of the cause's vertex), so the bound here is what holds today."""
+    """The issue asks for "at or before". The job learns of a failure from the collector's events,
+    so the poll after it is the soonest it can say so when the failed checkpoint itself does not
+    (measured: every one at the failure, one storage outage 3 s after it)."""
     truths = {t["job_id"]: t for t in evaluation.truths}
     late = []
     for run in evaluation.comparison.runs:
