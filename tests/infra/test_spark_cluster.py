@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from infra.embedded_stack import free_port
 from pipelines import simulator
 from pipelines.detection.job import replay
 from pipelines.detection.scoring import ChampionCache
@@ -32,12 +31,6 @@ from tests.pipelines.detection.helpers import (MINUTE, events_with_sweep, fleet,
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 SPARK_HOME = str(Path(pyspark.__file__).parent)  # the distribution pip installed: bin/, jars/
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_json(url: str) -> dict:
