@@ -25,8 +25,8 @@ from pipelines import simulator
 from pipelines.detection.job import replay
 from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (MINUTE, events_with_sweep, fleet, opened, publish, read_topic, wait_for,
-                                               write_jsonl)
+from tests.pipelines.detection.helpers import (MINUTE, events_with_sweep, fleet, job_environment, opened, publish,
+                                               read_topic, wait_for, write_jsonl)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -107,15 +107,8 @@ def test_the_job_runs_on_a_standalone_cluster_and_survives_losing_a_worker(spark
     after_ids = {i["incident_id"] for i in opened(expected.incidents) if i["job_id"] in {j.truth["job_id"] for j in after}}
     assert after_ids and expected_ids - after_ids, "each fleet must raise incidents for this test to mean anything"
 
-    env = {**os.environ, "SENTINEL_STATE_DIR": str(config.state_dir),
-           "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
-           "SENTINEL_TOPICS__INPUT": config.topics.input, "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents,
-           "SENTINEL_TOPICS__DEAD_LETTER": config.topics.dead_letter,
-           "SENTINEL_MLFLOW__TRACKING_URI": config.mlflow.tracking_uri,
-           "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
-           "SENTINEL_SPARK__MASTER": "local[1]",  # spark-submit's --master must win
-           "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0",
-           "SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = job_environment(config, SENTINEL_SPARK__MASTER="local[1]",  # spark-submit's --master must win
+                          SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1")
     env.pop("PYSPARK_PYTHON", None)  # the cluster's Python comes from spark-submit's settings alone
     env.pop("PYSPARK_DRIVER_PYTHON", None)
     command = [BIN / "spark-submit", "--master", standalone_cluster.url, "--deploy-mode", "client",

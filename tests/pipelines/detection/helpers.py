@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,6 +25,18 @@ def sweep_event(after_ts: int, config: SentinelConfig) -> dict:
             "checkpoints_failed_total": 0, "checkpoints_in_progress": 0, "checkpoint_interval_ms": 60_000,
             "checkpoint_timeout_ms": 600_000, "max_state_size_bytes": None, "jm_heap_used_bytes": None,
             "jm_heap_max_bytes": None}
+
+
+def job_environment(config: SentinelConfig, **extra: str) -> dict[str, str]:
+    """The environment a ``sentinel run`` process of its own needs to run with ``config``
+    (its state, topics and MLflow store; a 1 s trigger; metrics on any free port)."""
+    return {**os.environ, "SENTINEL_STATE_DIR": str(config.state_dir),
+            "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+            "SENTINEL_TOPICS__INPUT": config.topics.input, "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents,
+            "SENTINEL_TOPICS__DEAD_LETTER": config.topics.dead_letter,
+            "SENTINEL_MLFLOW__TRACKING_URI": config.mlflow.tracking_uri,
+            "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
+            "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0", **extra}
 
 
 def fleet(names: list[str], seed: int, minutes: int) -> list[simulator.SimulatedJob]:

@@ -17,8 +17,8 @@ from pipelines.detection.job import replay, start_detection
 from pipelines.detection.report import compare
 from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (events_with_sweep, fleet, key, opened, publish, read_topic,
-                                               wait_for, write_jsonl)
+from tests.pipelines.detection.helpers import (events_with_sweep, fleet, job_environment, key, opened, publish,
+                                               read_topic, wait_for, write_jsonl)
 
 FAMILY_FLEET = ["healthy_steady", "healthy_warmup", "leak_linear", "backpressure_slow_operator", "skew_hot_key",
                 "checkpoint_storage_errors"]
@@ -187,13 +187,7 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
     expected = replay(spark, config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
     assert opened(expected.incidents), "the fleet must raise incidents for this test to mean anything"
 
-    env = {**os.environ, "SENTINEL_STATE_DIR": str(config.state_dir),
-           "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
-           "SENTINEL_TOPICS__INPUT": config.topics.input, "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents,
-           "SENTINEL_TOPICS__DEAD_LETTER": config.topics.dead_letter,
-           "SENTINEL_MLFLOW__TRACKING_URI": config.mlflow.tracking_uri,
-           "SENTINEL_MLFLOW__REGISTRY_URI": config.mlflow.registry_uri,
-           "SENTINEL_SPARK__TRIGGER_INTERVAL": "1 second", "SENTINEL_DETECTION__METRICS_PORT": "0"}
+    env = job_environment(config)
     command = [sys.executable, "-m", "pipelines.cli", "run"]
     log_path = tmp_path / "run.log"
     log = open(log_path, "wb")
