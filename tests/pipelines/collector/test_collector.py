@@ -14,6 +14,7 @@ from pipelines.config import CollectorConfig, FlinkClusterEndpoint
 from pipelines.contracts import INPUT
 from pipelines.io import kafka_clients
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
+from tests.pipelines.detection.helpers import wait_for
 
 
 def settings(tmp_path, **overrides) -> CollectorConfig:
@@ -209,7 +210,6 @@ def test_the_collector_service_stops_cleanly_on_sigterm(config, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     env = {**os.environ, "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
            "SENTINEL_TOPICS__INPUT": config.topics.input, "SENTINEL_STATE_DIR": str(tmp_path / "state"),
@@ -219,10 +219,10 @@ def test_the_collector_service_stops_cleanly_on_sigterm(config, tmp_path):
                                     "--cluster", "prod-eu", "--interval", "1s"],
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            deadline = time.monotonic() + 60
-            while not (tmp_path / "state" / "collector" / "prod-eu.json").is_file():  # a poll published
-                assert service.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+            def a_poll_published() -> bool:
+                assert service.poll() is None, service.stdout.read()
+                return (tmp_path / "state" / "collector" / "prod-eu.json").is_file()
+            wait_for(a_poll_published, 60, every_s=0.2)
             service.send_signal(signal.SIGTERM)
             out, _ = service.communicate(timeout=60)
         finally:
