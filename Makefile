@@ -19,6 +19,7 @@ test: java
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: java
+	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/kafka_io.py
 	$(BIN)/python benchmarks/features.py
 	$(BIN)/python benchmarks/detection.py

@@ -8,6 +8,13 @@ without a second edit; ``tests/pipelines/test_contracts.py`` proves the two agre
 'bigint'
 >>> INPUT.errors({"schema_version": 1, "kind": "job_status"})[0]
 "'cluster' is a required property"
+>>> INPUT.accepts({"schema_version": 1, "kind": "job_status"})
+False
+
+Two validators check the same schema: :meth:`Contract.accepts`, compiled to Python code by
+``fastjsonschema``, is the hot path (every input record, about 20x faster than ``jsonschema``);
+:meth:`Contract.errors`, ``jsonschema``'s, explains a document that is refused with every way it
+breaks the contract. ``tests/pipelines/test_contracts.py`` holds them to the same verdicts.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from functools import cached_property
 from importlib import resources
 from typing import Any, Iterable
 
+import fastjsonschema
 from jsonschema import Draft202012Validator
 from pyspark.sql.types import (
     ArrayType,
@@ -72,6 +80,19 @@ class Contract:
     @cached_property
     def validator(self) -> Draft202012Validator:
         return Draft202012Validator(self.schema)
+
+    @cached_property
+    def _compiled(self):
+        # Without the relative $id, which fastjsonschema's resolver would take for a remote document.
+        return fastjsonschema.compile({k: v for k, v in self.schema.items() if k != "$id"})
+
+    def accepts(self, document: Any) -> bool:
+        """Whether ``document`` keeps the contract (the fast check; :meth:`errors` says why not)."""
+        try:
+            self._compiled(document)
+        except fastjsonschema.JsonSchemaException:
+            return False
+        return True
 
     def errors(self, document: Any) -> list[str]:
         """Every way ``document`` breaks the contract, as messages naming the field path."""

@@ -139,6 +139,35 @@ def _broken(change):
 )
 def test_contract_violations_are_named(event, expected):
     assert any(expected in message for message in INPUT.errors(event)), INPUT.errors(event)
+    assert not INPUT.accepts(event)  # the compiled validator refuses what the precise one explains
+
+
+def _mutations(events, count, seed=0):
+    """Each event with one field (or one field of one nested item) dropped or set to a wrong value."""
+    import random
+    rng = random.Random(seed)
+    wrong = [None, "x", "", -1, -1.5, 1.5, 2**70, True, [], {}]
+    for _ in range(count):
+        event = copy.deepcopy(rng.choice(events))
+        target = event
+        nested = [v for v in event.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+        if nested and rng.random() < 0.5:
+            target = rng.choice(rng.choice(nested))
+        key = rng.choice(list(target))
+        if rng.random() < 0.3:
+            del target[key]
+        else:
+            target[key] = rng.choice(wrong)
+        yield event
+
+
+def test_the_compiled_validator_and_the_precise_one_give_the_same_verdicts():
+    """The job accepts on the compiled validator and explains with the precise one: a record one
+    refuses and the other accepts would be a dead letter without a reason, or a bad event let in."""
+    assert all(INPUT.accepts(e) for e in EXAMPLES)
+    verdicts = [(INPUT.accepts(e), not INPUT.errors(e)) for e in _mutations(EXAMPLES, 3000)]
+    assert [v for v in verdicts if v[0] != v[1]] == []
+    assert 0 < sum(accepted for accepted, _ in verdicts) < len(verdicts)  # the mutations made both kinds
 
 
 def test_the_families_are_defined_once_and_the_incident_contract_lists_them():
