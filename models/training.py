@@ -283,10 +283,14 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
             key = (-false, recall)
             quality = {"false_incidents": false, "faulty_row_recall": round(recall, 3)}
         else:
-            delay = m["delay_s_median"]
+            # Soonest by the mean delay, not the median: one fault found a poll later is a worse
+            # rule, and the median of a handful of faults does not see it (a storage outage's
+            # checkpoint failure found at the second failed checkpoint instead of the first).
+            delays = [f["delay_s"] for r in comparison.runs for f in r.found if f["family"] == family]
+            delay = float(np.mean(delays)) if delays else math.nan
             key = (m["faults_found"] - false, -false, -(delay if not math.isnan(delay) else 1e9))
             quality = {"faults_found": m["faults_found"], "faults": m["faults"], "false_incidents": false,
-                       "delay_s_median": delay}
+                       "delay_s_mean": round(delay, 1), "delay_s_median": m["delay_s_median"]}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
         judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
     if family == ANOMALY and others:

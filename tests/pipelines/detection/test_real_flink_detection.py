@@ -17,7 +17,7 @@ from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEA
 from tests.conftest import LAB_CORPUS
 
 LEAK_GRACE_S = 60.0  # a leak within the warm-up horizon and a minute of its onset
-CHECKPOINT_FAILURE_SLACK_S = 5.0  # after the first failed checkpoint: the collector's next poll (see the test)
+ROUNDING_S = 0.001  # delays are in seconds of millisecond timestamps
 
 
 @pytest.fixture(scope="module")
@@ -69,17 +69,18 @@ def test_leaks_are_found_within_the_warm_up_horizon_and_a_minute(evaluation, tra
     assert delays and [(run, d) for run, d in delays if d > horizon + LEAK_GRACE_S] == []
 
 
-def test_checkpoint_failures_are_reported_near_the_first_failure(evaluation):
-    """The issue asks for "at or before". The job learns of a failure from the collector's events,
-    so the poll after it is the soonest it can say so when the failed checkpoint itself does not
-    (measured: every one at the failure, one storage outage 3 s after it)."""
+def test_checkpoint_failures_are_reported_at_the_latest_at_the_first_failure(evaluation):
+    """At the first failed checkpoint, or before it (a restart or a checkpoint near its timeout
+    says so sooner): on-call hears of it from the event that reports the failure, not a poll
+    later (a storage outage's first failure, which fails at once, scores lower than an expired
+    checkpoint's; the post-rule's calibration sees every fault's delay for this)."""
     truths = {t["job_id"]: t for t in evaluation.truths}
     late = []
     for run in evaluation.comparison.runs:
         for found in (f for f in run.found if f["family"] == CHECKPOINT_FAILURE):
             onset = next(f["onset_ts"] for f in truths[run.job_id]["faults"] if f["family"] == CHECKPOINT_FAILURE)
             first = first_failure_ts(run.job_id, onset)
-            bound = (first - onset) / 1000.0 + CHECKPOINT_FAILURE_SLACK_S if first is not None else CHECKPOINT_FAILURE_SLACK_S
+            bound = (first - onset) / 1000.0 + ROUNDING_S if first is not None else ROUNDING_S
             if found["delay_s"] > bound:
                 late.append((run.run, found["delay_s"], bound))
     assert late == []
