@@ -154,7 +154,15 @@ class BatchProcessor:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         rows = batch.toPandas()
-        rows = rows[~rows["is_late"].fillna(False).astype(bool)].reset_index(drop=True)
+        late = rows["is_late"].fillna(False).astype(bool)
+        if late.any():
+            # Events the feature state machine refused as behind the watermark: counted with the
+            # ones Spark dropped before it (the same metric), never judged.
+            log.warning("batch %d: %d events arrived behind the allowed lateness (features.lateness_s) and were "
+                        "not used", batch_id, int(late.sum()))
+            if self.metrics is not None:
+                self.metrics.dropped_late.labels(DETECTION_QUERY).inc(int(late.sum()))
+        rows = rows[~late].reset_index(drop=True)
         incidents = self.process_rows(rows, batch_id)
         if self.feature_log is not None:
             write_feature_log(rows, self.feature_log, batch_id)

@@ -220,3 +220,26 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
     published = read_topic(config, config.topics.incidents)
     assert set(map(key, expected.incidents)) <= set(map(key, published))  # none lost; repeats are allowed
     assert {i["incident_id"] for i in published} == {i["incident_id"] for i in expected.incidents}
+
+
+def test_events_behind_the_watermark_are_counted_not_silently_lost(spark, tmp_path):
+    """The state machine marks an event at the watermark ``is_late`` instead of consuming it
+    (Spark drops older ones itself, counted by the query's progress): the job counts the marker
+    in the same metric, logs no feature row for it and judges none."""
+    from pyspark.sql import Row
+
+    from feature_store.definitions import feature_row_schema
+    from pipelines.detection.job import BatchProcessor, IncidentSink
+    from pipelines.telemetry import DetectionMetrics
+    from tests.conftest import config_for
+
+    names = feature_row_schema().fieldNames()
+    marker = {**dict.fromkeys(names), "cluster": "c", "job_id": "a" * 32, "ts": 1_767_225_600_000,
+              "trigger_kind": "late", "is_late": True}
+    batch = spark.createDataFrame([Row(**{n: marker[n] for n in names})] * 2, feature_row_schema())
+    metrics = DetectionMetrics()
+    sink = IncidentSink()
+    processor = BatchProcessor(config_for(tmp_path), lambda: {}, sink, feature_log=tmp_path / "live", metrics=metrics)
+    processor(batch, 0)
+    assert metrics.registry.get_sample_value("checkpoint_sentinel_rows_dropped_by_watermark_total", {"query": "detection"}) == 2
+    assert sink.collected == [] and not (tmp_path / "live").exists()
