@@ -57,6 +57,14 @@ CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
 # A checkpoint-failure decision already needs evidence of a real failure (the rule's evidence
 # below): on-call should hear of it at that failure, not a few evaluations later.
 FAMILY_PERSISTENCE = {CHECKPOINT_FAILURE: ((1, 1),)}
+# Among rules equally good on faults and false incidents, the soonest wins, by this statistic of
+# the family's delays. A checkpoint failure is due at the first failed checkpoint, so one fault
+# found a poll late makes a worse rule, which the median of a handful of faults does not see (a
+# storage outage's first failure, which fails at once and scores lower than an expired
+# checkpoint's, was found at the next poll with the rule at 0.9; at 0.8, at the failure). Elsewhere
+# the median: a lower leak threshold that wins seconds on a few validation leaks raised a false
+# leak on a simulated job with failing checkpoint storage (measured: leak rule 0.8 against 0.9).
+DELAY_STATISTIC = {CHECKPOINT_FAILURE: np.mean}
 ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # The guards each family's rule carries, written from what operators know:
 # * a leak decision on a job younger than its warm-up horizon needs growth after a plateau or
@@ -283,14 +291,12 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
             key = (-false, recall)
             quality = {"false_incidents": false, "faulty_row_recall": round(recall, 3)}
         else:
-            # Soonest by the mean delay, not the median: one fault found a poll later is a worse
-            # rule, and the median of a handful of faults does not see it (a storage outage's
-            # checkpoint failure found at the second failed checkpoint instead of the first).
             delays = [f["delay_s"] for r in comparison.runs for f in r.found if f["family"] == family]
-            delay = float(np.mean(delays)) if delays else math.nan
+            delay = float(DELAY_STATISTIC.get(family, np.median)(delays)) if delays else math.nan
             key = (m["faults_found"] - false, -false, -(delay if not math.isnan(delay) else 1e9))
             quality = {"faults_found": m["faults_found"], "faults": m["faults"], "false_incidents": false,
-                       "delay_s_mean": round(delay, 1), "delay_s_median": m["delay_s_median"]}
+                       "delay_s_mean": round(float(np.mean(delays)), 1) if delays else math.nan,
+                       "delay_s_median": m["delay_s_median"]}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
         judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
     if family == ANOMALY and others:
