@@ -122,6 +122,27 @@ def write_feature_log(rows: pd.DataFrame, root: Path, batch_id: int) -> None:
         pq.write_table(table, folder / f"live-batch-{batch_id:012d}.parquet")
 
 
+class StopRequested(RuntimeError):
+    """A batch that started after the job was asked to stop: refused before any work (its offsets
+    stay uncommitted, so the restart runs it). Without it ``Query.stop()`` could interrupt a batch
+    halfway, after some of its incidents were published and before its policy state was saved."""
+
+
+class BatchGate:
+    """Closed by ``RunningJob.stop``: every ``foreachBatch`` body checks it before any work."""
+
+    def __init__(self):
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def check(self, query: str, batch_id: int) -> None:
+        if self._closed.is_set():
+            log.info("%s batch %d left for the restart: the job is stopping", query, batch_id)
+            raise StopRequested(f"{query} batch {batch_id} started after the stop request")
+
+
 class BatchProcessor:
     """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
 
@@ -138,6 +159,7 @@ class BatchProcessor:
         self.state: dict = {}
         self.state_after_batch: int | None = None  # the batch whose saved state ``state`` is
         self.incidents_published = 0
+        self.gate = BatchGate()
 
     def process_rows(self, rows: pd.DataFrame, batch_id: int) -> list[dict]:
         """The pure part: feature rows (no late markers) in, incident events out (the state advances)."""
@@ -152,6 +174,7 @@ class BatchProcessor:
         return incidents
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        self.gate.check(DETECTION_QUERY, batch_id)
         started = time.monotonic()
         rows = batch.toPandas()
         late = rows["is_late"].fillna(False).astype(bool)
@@ -188,8 +211,10 @@ class DeadLetterProcessor:
         self.validator = validator
         self.metrics = metrics
         self.dead_letters = 0
+        self.gate = BatchGate()
 
     def __call__(self, validated: DataFrame, batch_id: int) -> None:
+        self.gate.check(DEAD_LETTER_QUERY, batch_id)
         validated = validated.persist()
         try:
             reasons = {row["reason"]: row["count"] for row in
@@ -242,6 +267,10 @@ class RunningJob:
         flushed and closed and the last metrics written. A batch cut short anyway (one that runs
         past ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
         deadline = time.monotonic() + boundary_timeout_s
+        # No batch starts work from here on: one that starts is refused (and re-run on restart), so
+        # the queries are stopped between batches, never interrupted inside one.
+        self.processor.gate.close()
+        self.dead_letter_processor.gate.close()
         self._wait_for_batch_boundary(deadline)  # the last batch's progress reaches the listener
         # The listener goes before the queries: Spark posts the termination events asynchronously,
         # and a Python listener called after its process has moved on only fills the log with errors.
@@ -265,6 +294,14 @@ def _between_batches(query) -> bool:
         return not query.isActive or not query.status["isTriggerActive"]
     except Exception:  # a query that just ended has no status to give
         return True
+
+
+def _wait_for_first_batch(query, timeout_s: float) -> None:
+    """Until ``query`` has reported a first progress (a batch, or an idle trigger when there is no
+    data), has ended, or ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and query.isActive and query.lastProgress is None:
+        time.sleep(0.2)
 
 
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
@@ -299,9 +336,16 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
         return writer.trigger(availableNow=True) if available_now else writer.trigger(
             processingTime=config.spark.trigger_interval)
 
+    detection_query = trigger(features.writeStream.foreachBatch(processor).queryName(DETECTION_QUERY)
+                              .option("checkpointLocation", str(config.checkpoint_dir(DETECTION_QUERY)))).start()
+    # The two queries share one source plan. Started together, the first batch of one of them (either)
+    # failed in two of about a dozen restarts in the tests with java.io.OptionalDataException while
+    # a task was deserialised (a map changed while it was serialised). So the dead-letter query
+    # starts once the detection query has finished its first batch (at most a minute later).
+    # Issue 13's single query removes the second query and this wait.
+    _wait_for_first_batch(detection_query, timeout_s=60)
     queries = [
-        trigger(features.writeStream.foreachBatch(processor).queryName(DETECTION_QUERY)
-                .option("checkpointLocation", str(config.checkpoint_dir(DETECTION_QUERY)))).start(),
+        detection_query,
         trigger(validated.writeStream.foreachBatch(dlq).queryName(DEAD_LETTER_QUERY)
                 .option("checkpointLocation", str(config.checkpoint_dir(DEAD_LETTER_QUERY)))).start(),
     ]
