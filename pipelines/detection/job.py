@@ -122,27 +122,6 @@ def write_feature_log(rows: pd.DataFrame, root: Path, batch_id: int) -> None:
         pq.write_table(table, folder / f"live-batch-{batch_id:012d}.parquet")
 
 
-class StopRequested(RuntimeError):
-    """A batch that started after the job was asked to stop: refused before any work (its offsets
-    stay uncommitted, so the restart runs it). Without it ``Query.stop()`` could interrupt a batch
-    halfway, after some of its incidents were published and before its policy state was saved."""
-
-
-class BatchGate:
-    """Closed by ``RunningJob.stop``: every ``foreachBatch`` body checks it before any work."""
-
-    def __init__(self):
-        self._closed = threading.Event()
-
-    def close(self) -> None:
-        self._closed.set()
-
-    def check(self, query: str, batch_id: int) -> None:
-        if self._closed.is_set():
-            log.info("%s batch %d left for the restart: the job is stopping", query, batch_id)
-            raise StopRequested(f"{query} batch {batch_id} started after the stop request")
-
-
 class BatchProcessor:
     """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
 
@@ -159,7 +138,6 @@ class BatchProcessor:
         self.state: dict = {}
         self.state_after_batch: int | None = None  # the batch whose saved state ``state`` is
         self.incidents_published = 0
-        self.gate = BatchGate()
 
     def process_rows(self, rows: pd.DataFrame, batch_id: int) -> list[dict]:
         """The pure part: feature rows (no late markers) in, incident events out (the state advances)."""
@@ -174,7 +152,6 @@ class BatchProcessor:
         return incidents
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        self.gate.check(DETECTION_QUERY, batch_id)
         started = time.monotonic()
         rows = batch.toPandas()
         late = rows["is_late"].fillna(False).astype(bool)
@@ -211,10 +188,8 @@ class DeadLetterProcessor:
         self.validator = validator
         self.metrics = metrics
         self.dead_letters = 0
-        self.gate = BatchGate()
 
     def __call__(self, validated: DataFrame, batch_id: int) -> None:
-        self.gate.check(DEAD_LETTER_QUERY, batch_id)
         validated = validated.persist()
         try:
             reasons = {row["reason"]: row["count"] for row in
@@ -267,10 +242,6 @@ class RunningJob:
         flushed and closed and the last metrics written. A batch cut short anyway (one that runs
         past ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
         deadline = time.monotonic() + boundary_timeout_s
-        # No batch starts work from here on: one that starts is refused (and re-run on restart), so
-        # the queries are stopped between batches, never interrupted inside one.
-        self.processor.gate.close()
-        self.dead_letter_processor.gate.close()
         self._wait_for_batch_boundary(deadline)  # the last batch's progress reaches the listener
         # The listener goes before the queries: Spark posts the termination events asynchronously,
         # and a Python listener called after its process has moved on only fills the log with errors.
