@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "SENTINEL_"
 # Variables with the prefix that are not key paths.
@@ -38,16 +38,122 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
 
 
+# kafka-python's names for what `kafka.security` holds, with its key there: setting them in
+# client_options too would leave two answers to one question, and a password there would be a plain
+# string that any dump of the config shows.
+SECURITY_CLIENT_OPTIONS = {
+    "security_protocol": "protocol", "ssl_cafile": "ssl_cafile", "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile", "ssl_password": "ssl_key_password", "ssl_check_hostname": "ssl_check_hostname",
+    "sasl_mechanism": "sasl_mechanism", "sasl_plain_username": "sasl_username",
+    "sasl_plain_password": "sasl_password",
+}
+_SECRET_WORDS = ("password", "secret", "jaas", "token")
+
+
+def _secret_key(key: str) -> bool:
+    return any(word in key.lower() for word in _SECRET_WORDS)
+
+
+class KafkaSecurityConfig(_Strict):
+    """How every client (kafka-python and Spark's connector alike) encrypts and authenticates.
+
+    Secrets are secret types: shown as ``**********`` wherever the config is printed, and given
+    either in the environment (``SENTINEL_KAFKA__SECURITY__SASL_PASSWORD``) or in a file
+    (``sasl_password_file``, e.g. a mounted Kubernetes secret; read when a client is made, so a
+    rotated file is picked up by the next client).
+    """
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="SSL: TLS; SASL_SSL: TLS and SASL; SASL_PLAINTEXT: SASL without TLS.")
+    ssl_cafile: Path | None = Field(None, description="PEM file of the CA(s) that signed the brokers' certificates "
+                                                      "(default: the system's CAs).")
+    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM), for brokers that require mutual "
+                                                        "TLS. With kafka.connector: spark, the key must be in it too.")
+    ssl_keyfile: Path | None = Field(None, description="The client certificate's private key (PEM), when it is not "
+                                                       "in ssl_certfile.")
+    ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted private key.")
+    ssl_key_password_file: Path | None = Field(None, description="A file holding ssl_key_password.")
+    ssl_check_hostname: bool = Field(True, description="Check that the broker's certificate names the host "
+                                                       "connected to.")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    sasl_password_file: Path | None = Field(None, description="A file holding sasl_password.")
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @model_validator(mode="after")
+    def _complete(self) -> "KafkaSecurityConfig":
+        problems = []
+        for secret in ("ssl_key_password", "sasl_password"):
+            if getattr(self, secret) is not None and getattr(self, secret + "_file") is not None:
+                problems.append(f"give {secret} or {secret}_file, not both")
+        tls_keys = [key for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password",
+                                    "ssl_key_password_file") if getattr(self, key) is not None]
+        if tls_keys and not self.tls:
+            problems.append(f"{', '.join(tls_keys)} set but protocol is {self.protocol}: TLS is off "
+                            "(protocol SSL or SASL_SSL turns it on)")
+        if self.sasl and (not self.sasl_username or (self.sasl_password is None and self.sasl_password_file is None)):
+            problems.append(f"protocol {self.protocol} needs sasl_username and sasl_password "
+                            "(or sasl_password_file, or SENTINEL_KAFKA__SECURITY__SASL_PASSWORD)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def secret(self, name: Literal["ssl_key_password", "sasl_password"]) -> str | None:
+        """The secret's value, from the config or its file; only for handing to a client."""
+        value: SecretStr | None = getattr(self, name)
+        if value is not None:
+            return value.get_secret_value()
+        path: Path | None = getattr(self, name + "_file")
+        if path is None:
+            return None
+        try:
+            return path.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"kafka.security.{name}_file: cannot read {path} ({exc.strerror})") from None
+
+    def missing_files(self) -> list[str]:
+        return [f"kafka.security.{key}: {path} does not exist" for key in
+                ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file", "sasl_password_file")
+                if (path := getattr(self, key)) is not None and not path.is_file()]
+
+    def kafka_python_options(self) -> dict[str, Any]:
+        """kafka-python's options for this security setup (secrets in clear: hand them only to a client)."""
+        if self.protocol == "PLAINTEXT":
+            return {}
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.tls:
+            options["ssl_check_hostname"] = self.ssl_check_hostname
+            for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, key) is not None:
+                    options[key] = str(getattr(self, key))
+            if (key_password := self.secret("ssl_key_password")) is not None:
+                options["ssl_password"] = key_password
+        if self.sasl:
+            options.update(sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.secret("sasl_password"))
+        return options
+
+
 class KafkaConfig(_Strict):
     bootstrap_servers: str = Field(
         "127.0.0.1:19092", description="Comma-separated host:port list of the Kafka brokers."
     )
+    security: KafkaSecurityConfig = Field(default_factory=KafkaSecurityConfig,
+                                          description="TLS and SASL of every client, with its secrets.")
     client_options: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "Passed through to every kafka-python client (and, prefixed with 'kafka.', to Spark's "
-            "native connector): security_protocol, sasl_mechanism, sasl_plain_username, "
-            "sasl_plain_password, ssl_cafile, ssl_certfile, ssl_keyfile, client_id, ..."
+            "Other options passed through to every kafka-python client (and, as Java names prefixed with "
+            "'kafka.', to Spark's native connector): client_id, request_timeout_ms, ssl_ciphers, ... "
+            "Security settings and secrets belong in kafka.security."
         ),
     )
     connector: Literal["python", "spark"] = Field(
@@ -81,9 +187,22 @@ class KafkaConfig(_Strict):
     def bootstrap_list(self) -> list[str]:
         return self.bootstrap_servers.split(",")
 
+    @field_validator("client_options")
+    @classmethod
+    def _no_security_in_client_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        for key in options:
+            name = key.replace(".", "_")
+            if name in SECURITY_CLIENT_OPTIONS:
+                raise ValueError(f"'{key}' belongs in kafka.security.{SECURITY_CLIENT_OPTIONS[name]}")
+            if _secret_key(name):
+                raise ValueError(f"'{key}' looks like a secret: kafka.security holds the secrets, as secret "
+                                 "types read from the environment or a file")
+        return options
+
     def client_kwargs(self) -> dict[str, Any]:
-        """Options for every kafka-python client: the pass-through ones plus a bounded bootstrap."""
-        return {"bootstrap_timeout_ms": int(self.connect_timeout_s * 1000), **self.client_options}
+        """Options for every kafka-python client: security, the pass-through ones, a bounded bootstrap."""
+        return {"bootstrap_timeout_ms": int(self.connect_timeout_s * 1000), **self.security.kafka_python_options(),
+                **self.client_options}
 
 
 class TopicsConfig(_Strict):
@@ -302,6 +421,10 @@ class SentinelConfig(_Strict):
         cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
                                                base_dir)
         cfg.collector.state_dir = _absolute(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
+        security = cfg.kafka.security
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file", "sasl_password_file"):
+            if getattr(security, key) is not None:
+                setattr(security, key, _absolute(getattr(security, key), base_dir))
         cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv, base_dir)
         cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
         cfg.lab.corpus_dir = _absolute(cfg.lab.corpus_dir or PROJECT_ROOT / "data" / "lab", base_dir)
@@ -345,7 +468,9 @@ def _env_overrides(environ: Mapping[str, str]) -> tuple[dict[str, Any], list[str
         if not all(path):
             raise ConfigError(f"{name}: an empty key in the path (use single names joined by '__')")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            # A secret is taken as it is: as YAML, "no" would become False and "0x1F" a number.
+            value = raw if _secret_key(path[-1]) and not path[-1].endswith("_file") else (
+                yaml.safe_load(raw) if raw.strip() else None)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{name}: not a valid YAML value ({exc})") from exc
         node = overrides
@@ -376,7 +501,7 @@ def _format_validation_error(exc: ValidationError, origin: str) -> str:
             message = "unknown key (check the spelling; see pipelines/config.py for the keys)"
         else:
             message = error["msg"]
-            if "input" in error and not isinstance(error["input"], dict):
+            if "input" in error and not isinstance(error["input"], dict) and not _secret_key(key):
                 message += f" (got {error['input']!r})"
         lines.append(f"  {key}: {message}")
     return "\n".join(lines)
@@ -424,4 +549,7 @@ def load_config(
         raise ConfigError(_format_validation_error(exc, "; ".join(origins) or "defaults")) from None
     if base_dir is None:
         base_dir = file_path.resolve().parent if file_path is not None else Path.cwd()
-    return config.resolved(base_dir)
+    resolved = config.resolved(base_dir)
+    if missing := resolved.kafka.security.missing_files():
+        raise ConfigError(f"invalid configuration ({'; '.join(origins)}):\n  " + "\n  ".join(missing))
+    return resolved

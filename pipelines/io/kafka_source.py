@@ -19,6 +19,9 @@ Options (all strings, as Spark passes them):
 ``maxOffsetsPerTrigger`` at most this many records per micro-batch, spread over partitions by lag
 ``failOnDataLoss``       ``true`` (default): stop when offsets were deleted or a topic was reset
 ``clientOptions``        JSON object passed to every kafka-python client (security, SASL, TLS, ...)
+``clientSecrets``        JSON object of the clients' secrets (``sasl_plain_password``, ``ssl_password``):
+                         apart from ``clientOptions`` so that Spark's redaction (its key says
+                         "secret") hides them wherever Spark shows options, and kept out of reprs
 ``pollTimeoutMs``        how long a task waits for records it knows exist (default 120000)
 ``metadataTimeoutMs``    how long the driver waits for the topic's metadata (default 30000)
 =======================  ==========================================================================
@@ -29,7 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -81,24 +84,30 @@ class KafkaDataLossError(RuntimeError):
 class _ClientSpec:
     bootstrap_servers: str
     client_options_json: str
+    client_secrets_json: str = field(default="{}", repr=False)
 
     @property
     def client_options(self) -> dict[str, Any]:
-        return json.loads(self.client_options_json)
+        return {**json.loads(self.client_options_json), **json.loads(self.client_secrets_json)}
+
+
+def _json_object_option(options: Mapping[str, str], name: str) -> str:
+    try:
+        parsed = json.loads(options.get(name, "{}"))
+    except json.JSONDecodeError as exc:
+        # The message leaves the value out: it may be a secret.
+        raise ValueError(f"option '{name}' is not a JSON object ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"option '{name}' must be a JSON object")
+    return json.dumps(parsed, sort_keys=True)
 
 
 def _client_spec(options: Mapping[str, str]) -> _ClientSpec:
     servers = options.get("kafka.bootstrap.servers") or options.get("bootstrap.servers")
     if not servers:
         raise ValueError("option 'kafka.bootstrap.servers' is required")
-    raw = options.get("clientOptions", "{}")
-    try:
-        parsed = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"option 'clientOptions' is not a JSON object: {exc}") from exc
-    if not isinstance(parsed, dict):
-        raise ValueError("option 'clientOptions' must be a JSON object")
-    return _ClientSpec(servers, json.dumps(parsed, sort_keys=True))
+    return _ClientSpec(servers, _json_object_option(options, "clientOptions"),
+                       _json_object_option(options, "clientSecrets"))
 
 
 def _flag(options: Mapping[str, str], name: str, default: bool) -> bool:

@@ -12,18 +12,61 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
 
-from pipelines.config import SentinelConfig
+from pipelines.config import ConfigError, KafkaSecurityConfig, SentinelConfig
 from pipelines.io.kafka_clients import normalise_client_options
 from pipelines.io.kafka_source import FORMAT_NAME
 
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
 
 
+# kafka-python names whose Java client name is not the same words joined by dots.
+_JAVA_NAMES = {"ssl_ciphers": "ssl.cipher.suites"}
+# The Java client's JAAS login module of each SASL mechanism.
+_LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                  "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                  "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
+# The kafka-python options that carry secrets.
+_SECRET_OPTIONS = ("sasl_plain_password", "ssl_password")
+
+
+def _jaas_quoted(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def native_security_options(security: KafkaSecurityConfig) -> dict[str, str]:
+    """Spark's native connector options (the Java client's names, prefixed with 'kafka.') for
+    ``kafka.security``. The Java client reads PEM files itself; its key store is one PEM file
+    holding the key and the certificate chain."""
+    options = {"kafka.security.protocol": security.protocol}
+    if security.tls:
+        if security.ssl_cafile is not None:
+            options.update({"kafka.ssl.truststore.type": "PEM",
+                            "kafka.ssl.truststore.location": str(security.ssl_cafile)})
+        if security.ssl_certfile is not None:
+            if security.ssl_keyfile is not None and security.ssl_keyfile != security.ssl_certfile:
+                raise ConfigError("kafka.security.ssl_keyfile: Spark's connector (kafka.connector: spark) reads the "
+                                  "client key and certificate from one PEM file; put both in ssl_certfile")
+            options.update({"kafka.ssl.keystore.type": "PEM",
+                            "kafka.ssl.keystore.location": str(security.ssl_certfile)})
+        if (key_password := security.secret("ssl_key_password")) is not None:
+            options["kafka.ssl.key.password"] = key_password
+        if not security.ssl_check_hostname:
+            options["kafka.ssl.endpoint.identification.algorithm"] = ""
+    if security.sasl:
+        # Spark redacts sasl.jaas.config in what it logs (KafkaRedactionUtil).
+        options["kafka.sasl.mechanism"] = security.sasl_mechanism
+        options["kafka.sasl.jaas.config"] = (
+            f"{_LOGIN_MODULES[security.sasl_mechanism]} required username={_jaas_quoted(security.sasl_username)} "
+            f"password={_jaas_quoted(security.secret('sasl_password'))};")
+    return options
+
+
 def _native_client_options(config: SentinelConfig) -> dict[str, str]:
-    # kafka-python names (security_protocol) become Java client names (kafka.security.protocol).
+    # kafka-python names (request_timeout_ms) become Java client names (kafka.request.timeout.ms).
     return {
-        "kafka." + key.replace("_", "."): str(value)
-        for key, value in normalise_client_options(config.kafka.client_options).items()
+        **native_security_options(config.kafka.security),
+        **{"kafka." + _JAVA_NAMES.get(key, key.replace("_", ".")): str(value)
+           for key, value in normalise_client_options(config.kafka.client_options).items()},
     }
 
 
@@ -31,9 +74,12 @@ def _format_and_options(config: SentinelConfig) -> tuple[str, dict[str, str]]:
     kafka = config.kafka
     if kafka.connector == "spark":
         return "kafka", {"kafka.bootstrap.servers": kafka.bootstrap_servers, **_native_client_options(config)}
+    client_options = kafka.client_kwargs()
+    secrets = {key: client_options.pop(key) for key in _SECRET_OPTIONS if key in client_options}
     return FORMAT_NAME, {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
-        "clientOptions": json.dumps(kafka.client_kwargs()),
+        "clientOptions": json.dumps(client_options),
+        "clientSecrets": json.dumps(secrets),
         "metadataTimeoutMs": str(int(kafka.connect_timeout_s * 1000)),
     }
 

@@ -26,7 +26,7 @@ def test_yaml_file_then_environment_overrides(tmp_path):
     path.write_text(
         "kafka:\n"
         "  bootstrap_servers: kafka-1:9092,kafka-2:9092\n"
-        "  client_options: {security_protocol: SASL_SSL, sasl_mechanism: PLAIN}\n"
+        "  client_options: {client_id: sentinel, request_timeout_ms: 60000}\n"
         "topics: {input: prod.flink.metrics}\n"
         "spark: {checkpoint_location: ckpt, shuffle_partitions: 8}\n"
         "mlflow: {tracking_uri: 'http://mlflow:5000', alias: champion}\n"
@@ -34,13 +34,11 @@ def test_yaml_file_then_environment_overrides(tmp_path):
     config = load_config(
         path,
         environ={"SENTINEL_SPARK__SHUFFLE_PARTITIONS": "16", "SENTINEL_TOPICS__INCIDENTS": "prod.incidents",
-                 "SENTINEL_KAFKA__CLIENT_OPTIONS": "{security_protocol: SSL, ssl_cafile: /etc/ca.pem}"},
+                 "SENTINEL_KAFKA__CLIENT_OPTIONS": "{client_id: sentinel-eu1, retries: 7}"},
     )
     assert config.kafka.bootstrap_list == ["kafka-1:9092", "kafka-2:9092"]
     # A mapping from the environment merges into the file's, key by key.
-    assert config.kafka.client_options == {
-        "security_protocol": "SSL", "sasl_mechanism": "PLAIN", "ssl_cafile": "/etc/ca.pem",
-    }
+    assert config.kafka.client_options == {"client_id": "sentinel-eu1", "request_timeout_ms": 60000, "retries": 7}
     assert config.topics.input == "prod.flink.metrics"
     assert config.topics.incidents == "prod.incidents"
     assert config.topics.dead_letter == "flink.metrics.dlq"
@@ -139,3 +137,44 @@ def test_collector_clusters_are_checked_and_paths_resolved(tmp_path):
     bad.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'flink-jm:8081'}\n")
     with pytest.raises(ConfigError, match=r"collector.clusters.0.rest_url: .*not an http"):
         load_config(bad, environ={})
+
+
+def test_kafka_secrets_are_secret_types_from_the_environment_or_a_file(tmp_path):
+    (tmp_path / "sasl-password").write_text("from-a-file\n")
+    (tmp_path / "ca.pem").write_text("PEM")
+    config = load_config(environ={"SENTINEL_KAFKA__SECURITY__PROTOCOL": "SASL_SSL",
+                                  "SENTINEL_KAFKA__SECURITY__SASL_USERNAME": "sentinel",
+                                  "SENTINEL_KAFKA__SECURITY__SASL_PASSWORD_FILE": "sasl-password",
+                                  "SENTINEL_KAFKA__SECURITY__SSL_CAFILE": "ca.pem",
+                                  # Taken as it is, not as YAML (which would make it False).
+                                  "SENTINEL_KAFKA__SECURITY__SSL_KEY_PASSWORD": "no"}, base_dir=tmp_path)
+    security = config.kafka.security
+    assert security.ssl_cafile == tmp_path / "ca.pem"
+    assert security.secret("sasl_password") == "from-a-file"
+    assert security.secret("ssl_key_password") == "no"
+    assert "no" not in repr(security.ssl_key_password) and "from-a-file" not in config.model_dump_json()
+    kwargs = config.kafka.client_kwargs()
+    assert kwargs["sasl_plain_password"] == "from-a-file" and kwargs["ssl_password"] == "no"
+    assert kwargs["security_protocol"] == "SASL_SSL" and kwargs["ssl_cafile"] == str(tmp_path / "ca.pem")
+    # A rotated file reaches the next client.
+    (tmp_path / "sasl-password").write_text("rotated")
+    assert config.kafka.client_kwargs()["sasl_plain_password"] == "rotated"
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"SENTINEL_KAFKA__SECURITY__PROTOCOL": "SASL_SSL", "SENTINEL_KAFKA__SECURITY__SASL_USERNAME": "u"},
+     "protocol SASL_SSL needs sasl_username and sasl_password"),
+    ({"SENTINEL_KAFKA__SECURITY__SSL_CAFILE": "/etc/ca.pem"},
+     "ssl_cafile set but protocol is PLAINTEXT: TLS is off"),
+    ({"SENTINEL_KAFKA__SECURITY__PROTOCOL": "SSL", "SENTINEL_KAFKA__SECURITY__SSL_CAFILE": "/nowhere/ca.pem"},
+     "kafka.security.ssl_cafile: /nowhere/ca.pem does not exist"),
+    ({"SENTINEL_KAFKA__CLIENT_OPTIONS": "{sasl_plain_password: hunter2}"},
+     "'sasl_plain_password' belongs in kafka.security.sasl_password"),
+    ({"SENTINEL_KAFKA__CLIENT_OPTIONS": "{sasl.jaas.config: 'x required password=hunter2;'}"},
+     "'sasl.jaas.config' looks like a secret"),
+])
+def test_an_incomplete_or_misplaced_kafka_security_setup_says_what_to_fix(tmp_path, environ, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(environ=environ, base_dir=tmp_path)
+    assert expected in str(error.value)
+    assert "hunter2" not in str(error.value)
