@@ -1,17 +1,20 @@
 """kafka-python clients built from the config, and the offset queries the Spark source needs.
 
 This is the only module that knows how to talk to the broker; everything else asks it for a
-producer, a consumer or offsets. Client options from ``kafka.client_options`` (security protocol,
-SASL, TLS, ...) are passed through unchanged.
+producer, a consumer or offsets. The callers hand over ``kafka.client_kwargs()``: the options of
+``kafka.security`` (TLS, SASL) and ``kafka.client_options``, passed through unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
 import socket
+import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -35,11 +38,74 @@ def _common(bootstrap_servers: str | list[str], client_options: Mapping[str, Any
     return {"bootstrap_servers": servers, **normalise_client_options(client_options)}
 
 
-def _unreachable(bootstrap_servers: Any, exc: Exception) -> KafkaUnavailable:
+class _BootstrapFailures(logging.Handler):
+    """Keeps what kafka-python says while a client bootstraps, instead of letting it through.
+
+    A broker that refuses the client (TLS without the certificate it wants, a wrong CA, plaintext
+    to a TLS port) makes kafka-python log a traceback per retry and then give up with only
+    "Unable to bootstrap". The reason it kept retrying belongs in the one error the user sees.
+    """
+
+    _FAILED = re.compile(r"connection to \S+ failed: (.+?)(?: \(backoff [\d.]+ secs\))?$")
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if match := self._FAILED.search(record.getMessage()):
+            self.reasons.append(match.group(1))
+
+
+# Clients may bootstrap in several threads at once: the first to start quiets kafka-python's
+# logger, the last to finish restores it.
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_saved: tuple[bool, int] = (True, logging.NOTSET)
+
+
+@contextlib.contextmanager
+def _quiet_bootstrap() -> Iterator[_BootstrapFailures]:
+    global _quiet_depth, _quiet_saved
+    kafka_log = logging.getLogger("kafka")
+    failures = _BootstrapFailures()
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            _quiet_saved = kafka_log.propagate, kafka_log.level
+            kafka_log.propagate = False
+            if kafka_log.getEffectiveLevel() > logging.WARNING:
+                kafka_log.setLevel(logging.WARNING)
+        _quiet_depth += 1
+        kafka_log.addHandler(failures)
+    try:
+        yield failures
+    finally:
+        with _quiet_lock:
+            kafka_log.removeHandler(failures)
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                kafka_log.propagate, kafka_log.level = _quiet_saved
+
+
+def _bootstrapped(bootstrap_servers: Any, make: Callable[[], Any]) -> Any:
+    """``make()`` a kafka-python client; if it cannot bootstrap, say why in a KafkaUnavailable."""
+    with _quiet_bootstrap() as failures:
+        try:
+            return make()
+        except KafkaTimeoutError as exc:
+            raise _unreachable(bootstrap_servers, exc, failures.reasons) from exc
+
+
+def _unreachable(bootstrap_servers: Any, exc: Exception, failures: list[str] = ()) -> KafkaUnavailable:
+    # The last few distinct reasons, latest last: a refused TLS handshake shows up as the
+    # broker's alert on one try and as a bare EOF on the next.
+    distinct = list(dict.fromkeys(reversed(failures)))[:3][::-1]
+    cause = f"tries failed with: {'; '.join(distinct)}" if distinct else f"{type(exc).__name__}: {exc}"
     return KafkaUnavailable(
-        f"Kafka at {bootstrap_servers} is unreachable ({type(exc).__name__}: {exc}). "
+        f"Kafka at {bootstrap_servers} is unreachable ({cause}). "
         "Start the embedded broker with `sentinel up`, or set kafka.bootstrap_servers "
-        "(SENTINEL_KAFKA__BOOTSTRAP_SERVERS) and kafka.client_options to a reachable cluster."
+        "(SENTINEL_KAFKA__BOOTSTRAP_SERVERS) to a reachable cluster; a broker that wants TLS or SASL needs them "
+        "in kafka.security (its CA, client certificate, user and password)."
     )
 
 
@@ -54,10 +120,7 @@ def make_consumer(
         **_common(bootstrap_servers, client_options),
         **overrides,
     }
-    try:
-        return KafkaConsumer(**kwargs)
-    except KafkaTimeoutError as exc:
-        raise _unreachable(bootstrap_servers, exc) from exc
+    return _bootstrapped(bootstrap_servers, lambda: KafkaConsumer(**kwargs))
 
 
 def make_producer(
@@ -73,17 +136,11 @@ def make_producer(
         **_common(bootstrap_servers, client_options),
         **overrides,
     }
-    try:
-        return KafkaProducer(**kwargs)
-    except KafkaTimeoutError as exc:
-        raise _unreachable(bootstrap_servers, exc) from exc
+    return _bootstrapped(bootstrap_servers, lambda: KafkaProducer(**kwargs))
 
 
 def make_admin(bootstrap_servers: str | list[str], client_options: Mapping[str, Any] = {}) -> KafkaAdminClient:
-    try:
-        return KafkaAdminClient(**_common(bootstrap_servers, client_options))
-    except KafkaTimeoutError as exc:
-        raise _unreachable(bootstrap_servers, exc) from exc
+    return _bootstrapped(bootstrap_servers, lambda: KafkaAdminClient(**_common(bootstrap_servers, client_options)))
 
 
 def check_reachable(bootstrap_servers: str, timeout_s: float) -> None:
