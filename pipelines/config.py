@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, ClassVar, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -47,6 +47,8 @@ SECURITY_CLIENT_OPTIONS = {
     "sasl_mechanism": "sasl_mechanism", "sasl_plain_username": "sasl_username",
     "sasl_plain_password": "sasl_password",
 }
+# Those of them that carry a secret.
+SECRET_CLIENT_OPTIONS = ("ssl_password", "sasl_plain_password")
 _SECRET_WORDS = ("password", "secret", "jaas", "token")
 
 
@@ -79,6 +81,10 @@ class KafkaSecurityConfig(_Strict):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     sasl_password_file: Path | None = Field(None, description="A file holding sasl_password.")
+
+    # The keys that name files: made absolute against the config's folder, and checked to exist.
+    FILE_KEYS: ClassVar[tuple[str, ...]] = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file",
+                                            "sasl_password_file")
 
     @property
     def tls(self) -> bool:
@@ -120,8 +126,7 @@ class KafkaSecurityConfig(_Strict):
             raise ConfigError(f"kafka.security.{name}_file: cannot read {path} ({exc.strerror})") from None
 
     def missing_files(self) -> list[str]:
-        return [f"kafka.security.{key}: {path} does not exist" for key in
-                ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file", "sasl_password_file")
+        return [f"kafka.security.{key}: {path} does not exist" for key in self.FILE_KEYS
                 if (path := getattr(self, key)) is not None and not path.is_file()]
 
     def kafka_python_options(self) -> dict[str, Any]:
@@ -422,7 +427,7 @@ class SentinelConfig(_Strict):
                                                base_dir)
         cfg.collector.state_dir = _absolute(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
         security = cfg.kafka.security
-        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file", "sasl_password_file"):
+        for key in security.FILE_KEYS:
             if getattr(security, key) is not None:
                 setattr(security, key, _absolute(getattr(security, key), base_dir))
         cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv, base_dir)
@@ -543,13 +548,14 @@ def load_config(
     if env_names:
         origins.append("environment: " + ", ".join(env_names))
     data = _deep_merge(data, overrides)
+    origin = "; ".join(origins) or "defaults"
     try:
         config = SentinelConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_validation_error(exc, "; ".join(origins) or "defaults")) from None
+        raise ConfigError(_format_validation_error(exc, origin)) from None
     if base_dir is None:
         base_dir = file_path.resolve().parent if file_path is not None else Path.cwd()
     resolved = config.resolved(base_dir)
     if missing := resolved.kafka.security.missing_files():
-        raise ConfigError(f"invalid configuration ({'; '.join(origins)}):\n  " + "\n  ".join(missing))
+        raise ConfigError(f"invalid configuration ({origin}):\n  " + "\n  ".join(missing))
     return resolved

@@ -14,7 +14,7 @@ import re
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
@@ -96,7 +96,7 @@ def _bootstrapped(bootstrap_servers: Any, make: Callable[[], Any]) -> Any:
             raise _unreachable(bootstrap_servers, exc, failures.reasons) from exc
 
 
-def _unreachable(bootstrap_servers: Any, exc: Exception, failures: list[str] = ()) -> KafkaUnavailable:
+def _unreachable(bootstrap_servers: Any, exc: Exception, failures: Sequence[str] = ()) -> KafkaUnavailable:
     # The last few distinct reasons, latest last: a refused TLS handshake shows up as the
     # broker's alert on one try and as a bare EOF on the next.
     distinct = list(dict.fromkeys(reversed(failures)))[:3][::-1]

@@ -12,7 +12,7 @@ import json
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
 
-from pipelines.config import ConfigError, KafkaSecurityConfig, SentinelConfig
+from pipelines.config import SECRET_CLIENT_OPTIONS, ConfigError, KafkaSecurityConfig, SentinelConfig
 from pipelines.io.kafka_clients import normalise_client_options
 from pipelines.io.kafka_source import FORMAT_NAME
 
@@ -25,8 +25,6 @@ _JAVA_NAMES = {"ssl_ciphers": "ssl.cipher.suites"}
 _LOGIN_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
                   "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
                   "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule"}
-# The kafka-python options that carry secrets.
-_SECRET_OPTIONS = ("sasl_plain_password", "ssl_password")
 
 
 def _jaas_quoted(value: str) -> str:
@@ -75,7 +73,7 @@ def _format_and_options(config: SentinelConfig) -> tuple[str, dict[str, str]]:
     if kafka.connector == "spark":
         return "kafka", {"kafka.bootstrap.servers": kafka.bootstrap_servers, **_native_client_options(config)}
     client_options = kafka.client_kwargs()
-    secrets = {key: client_options.pop(key) for key in _SECRET_OPTIONS if key in client_options}
+    secrets = {key: client_options.pop(key) for key in SECRET_CLIENT_OPTIONS if key in client_options}
     return FORMAT_NAME, {
         "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "clientOptions": json.dumps(client_options),

@@ -10,9 +10,7 @@ The broker advertises the TLS address, so every connection a client makes goes t
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,9 +21,10 @@ import pytest
 from infra.embedded_stack import free_port, port_in_use, stop_process_group, tansu_binary
 from pipelines.config import SentinelConfig, TopicsConfig, load_config
 from pipelines.io import kafka_clients
-from tests.conftest import PROJECT_ROOT, debian_binary
+from tests.conftest import debian_binary
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
 from tests.pipelines.detection.helpers import events_with_sweep, fleet, publish, read_topic
+from tests.test_cli import run_sentinel
 
 # Unique, so that finding it anywhere can only mean it leaked.
 KEY_PASSWORD = f"tls-key-password-{uuid.uuid4().hex}"
@@ -101,12 +100,6 @@ def _tls_environment(kafka: TlsKafka, state_dir: Path, **extra: str) -> dict[str
             "SENTINEL_DETECTION__METRICS_PORT": "0", "SENTINEL_COLLECTOR__METRICS_PORT": "0", **extra}
 
 
-def _sentinel(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=PROJECT_ROOT, env={**clean, **env},
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def _config(kafka: TlsKafka, state_dir: Path, **extra: str) -> SentinelConfig:
     """The same settings, for the test's own clients."""
     return load_config(environ=_tls_environment(kafka, state_dir, **extra), base_dir=state_dir)
@@ -122,12 +115,13 @@ def _assert_no_secret(outputs: list[subprocess.CompletedProcess], state_dir: Pat
 
 def test_selfcheck_and_the_collector_work_over_mutual_tls(tls_kafka, tmp_path):
     env = _tls_environment(tls_kafka, tmp_path, SENTINEL_TOPICS__INPUT=f"metrics-{uuid.uuid4().hex[:8]}")
-    selfcheck = _sentinel("selfcheck", "--events", "300", env=env)
+    selfcheck = run_sentinel("selfcheck", "--events", "300", env=env, timeout=300)
     assert selfcheck.returncode == 0, selfcheck.stderr[-3000:]
     assert "round trip OK: sent 300 events" in selfcheck.stdout
 
     with RecordedFlink(recorded_polls("leak")) as flink:
-        collect = _sentinel("collect", "--once", "--flink-rest", flink.url, "--cluster", "prod-eu", env=env)
+        collect = run_sentinel("collect", "--once", "--flink-rest", flink.url, "--cluster", "prod-eu", env=env,
+                               timeout=300)
     assert collect.returncode == 0, collect.stderr[-3000:]
     assert "prod-eu: 1 jobs" in collect.stdout
     config = _config(tls_kafka, tmp_path, SENTINEL_TOPICS__INPUT=env["SENTINEL_TOPICS__INPUT"])
@@ -154,9 +148,10 @@ def test_the_detection_job_and_the_incident_table_work_over_mutual_tls(tls_kafka
                            SENTINEL_MLFLOW__TRACKING_URI=trained_store.mlflow.tracking_uri,
                            SENTINEL_MLFLOW__REGISTRY_URI=trained_store.mlflow.registry_uri,
                            SENTINEL_SPARK__TRIGGER_INTERVAL="1 second")
-    run = _sentinel("run", "--available-now", env=env, timeout=900)
+    run = run_sentinel("run", "--available-now", env=env, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
-    table = _sentinel("incidents", "--from-beginning", "--output", "json", "--timeout", "10", env=env)
+    table = run_sentinel("incidents", "--from-beginning", "--output", "json", "--timeout", "10", env=env,
+                         timeout=300)
     assert table.returncode == 0, table.stderr[-3000:]
     incidents = [json.loads(line) for line in table.stdout.splitlines() if line.startswith("{")]
     opened = [i for i in incidents if i["event"] == "opened" and i["cluster"] == "e2e"]
@@ -174,7 +169,7 @@ def test_the_detection_job_and_the_incident_table_work_over_mutual_tls(tls_kafka
 def test_a_client_the_broker_does_not_accept_stops_with_what_to_set(tls_kafka, tmp_path, leave_out, protocol, reason):
     env = {k: v for k, v in _tls_environment(tls_kafka, tmp_path, SENTINEL_KAFKA__CONNECT_TIMEOUT_S="3").items()
            if k not in leave_out}
-    result = _sentinel("incidents", "--timeout", "1", env={**env, "SENTINEL_KAFKA__SECURITY__PROTOCOL": protocol},
+    result = run_sentinel("incidents", "--timeout", "1", env={**env, "SENTINEL_KAFKA__SECURITY__PROTOCOL": protocol},
                        timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     # One message, with the broker's reason from kafka-python's last try, not a traceback per retry.
