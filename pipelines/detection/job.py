@@ -256,8 +256,13 @@ class RunningJob:
             self.metrics_server.close()
 
     def _wait_for_batch_boundary(self, deadline: float, queries: list | None = None) -> None:
-        while time.monotonic() < deadline and not all(_between_batches(q) for q in queries or self.queries):
-            time.sleep(0.1)
+        _poll_until(lambda: all(_between_batches(q) for q in queries or self.queries), deadline, every_s=0.1)
+
+
+def _poll_until(done: Callable[[], bool], deadline: float, every_s: float) -> None:
+    """Until ``done()`` or the monotonic ``deadline``."""
+    while time.monotonic() < deadline and not done():
+        time.sleep(every_s)
 
 
 def _between_batches(query) -> bool:
@@ -270,9 +275,8 @@ def _between_batches(query) -> bool:
 def _wait_for_first_batch(query, timeout_s: float) -> None:
     """Until ``query`` has reported a first progress (a batch, or an idle trigger when there is no
     data), has ended, or ``timeout_s`` passed."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and query.isActive and query.lastProgress is None:
-        time.sleep(0.2)
+    _poll_until(lambda: not query.isActive or query.lastProgress is not None, time.monotonic() + timeout_s,
+                every_s=0.2)
 
 
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
