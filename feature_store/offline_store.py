@@ -1,6 +1,7 @@
 """The offline feature store: Parquet partitioned by date, and point-in-time training sets.
 
-Written two ways with the same layout (``<root>/date=YYYY-MM-DD/part-*.parquet``):
+Written two ways with the same layout (``<root>/date=YYYY-MM-DD/part-*.parquet``; the root is a
+local folder or a URI, see :mod:`pipelines.io.storage`):
 the live job's feature log (:func:`feature_log_writer`, a streaming file sink, exactly once)
 and a batch backfill from recorded event files (:func:`backfill`). Training sets join
 feature rows with labels from ground truth *as of each row's time* (:func:`label_features`),
@@ -24,27 +25,34 @@ from feature_store.definitions import feature_row_schema
 from feature_store.job_features import DEFAULT_IDLE_TIMEOUT_MS
 from feature_store.labels import LABEL_COLUMNS, label_rows
 from pipelines.datasets import dataset_files, read_jsonl  # noqa: F401  (the layout the store backfills from)
+from pipelines.io.storage import Location
+
+Root = str | Path | Location
+
+
+def _spark_path(root: Root) -> str:
+    return Location.of(root).spark_path
 
 def _with_date(features: DataFrame) -> DataFrame:
     return features.withColumn("date", F.to_date(F.timestamp_millis("ts")))
 
 
-def write_features(features: DataFrame, root: str | Path) -> None:
+def write_features(features: DataFrame, root: Root) -> None:
     """Write a batch of feature rows; the dates it covers are replaced, others kept."""
     (_with_date(features).write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-     .partitionBy("date").parquet(str(root)))
+     .partitionBy("date").parquet(_spark_path(root)))
 
 
-def feature_log_writer(features: DataFrame, root: str | Path) -> DataStreamWriter:
+def feature_log_writer(features: DataFrame, root: Root) -> DataStreamWriter:
     """The live job's feature log: late markers dropped, partitioned by date, exactly once."""
     return (_with_date(features.filter(~F.col("is_late"))).writeStream.format("parquet")
-            .option("path", str(root)).partitionBy("date").outputMode("append"))
+            .option("path", _spark_path(root)).partitionBy("date").outputMode("append"))
 
 
-def read_features(spark: SparkSession, root: str | Path, start_ts: int | None = None,
+def read_features(spark: SparkSession, root: Root, start_ts: int | None = None,
                   end_ts: int | None = None) -> DataFrame:
     """Feature rows in ``[start_ts, end_ts)`` (epoch ms); date partitions outside are not read."""
-    df = spark.read.schema(feature_row_schema().add("date", "date")).parquet(str(root))
+    df = spark.read.schema(feature_row_schema().add("date", "date")).parquet(_spark_path(root))
     if start_ts is not None:
         df = df.filter((F.col("date") >= F.to_date(F.timestamp_millis(F.lit(start_ts)))) & (F.col("ts") >= start_ts))
     if end_ts is not None:
@@ -60,14 +68,14 @@ def read_event_files(spark: SparkSession, paths: Sequence[str | Path]) -> DataFr
     return event_frame(spark.read.text([str(p) for p in paths]))
 
 
-def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: str | Path,
+def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: Root,
              idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> int:
     """Compute features from recorded events with the batch path and write them to the store;
     ``root/_source.json`` remembers what they were computed from (:func:`backfilled_from`)."""
     features = batch_features(read_event_files(spark, event_paths), idle_timeout_ms).cache()
     try:
         write_features(features, root)
-        (Path(root) / SOURCE_FILE).write_text(json.dumps(_source(event_paths, idle_timeout_ms)))
+        (Location.of(root) / SOURCE_FILE).write_text(json.dumps(_source(event_paths, idle_timeout_ms)))
         return features.count()
     finally:
         features.unpersist()
@@ -97,9 +105,9 @@ def _code_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def backfilled_from(root: str | Path, event_paths: Sequence[str | Path], idle_timeout_ms: int) -> bool:
+def backfilled_from(root: Root, event_paths: Sequence[str | Path], idle_timeout_ms: int) -> bool:
     """Whether ``root`` holds features computed by this code from exactly these event files."""
-    marker = Path(root) / SOURCE_FILE
+    marker = Location.of(root) / SOURCE_FILE
     try:
         return json.loads(marker.read_text()) == json.loads(json.dumps(_source(event_paths, idle_timeout_ms)))
     except (OSError, ValueError):
@@ -158,7 +166,7 @@ def as_of_join(entities: DataFrame, features: DataFrame, keys: Sequence[str] = (
     return picked.select(*originals, "feature_ts", *[F.col(f"_f_{c}").alias(c) for c in carried])
 
 
-def training_set(spark: SparkSession, store_root: str | Path, ground_truth_paths: Sequence[str | Path],
+def training_set(spark: SparkSession, store_root: Root, ground_truth_paths: Sequence[str | Path],
                  start_ts: int | None = None, end_ts: int | None = None) -> DataFrame:
     """Labelled feature rows: the offline store's features of the labelled jobs, labels as of each row."""
     return label_features(read_features(spark, store_root, start_ts, end_ts).drop("date"),

@@ -173,7 +173,7 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
     rows: dict[str, list[pd.DataFrame]] = {}
     truths: dict[str, list[dict]] = {}
     for dataset in dataset_dirs:
-        store = Path(config.features.offline_path) / "datasets" / Path(dataset).name
+        store = config.offline_store / "datasets" / Path(dataset).name
         events, _ = offline_store.dataset_files(dataset)
         if offline_store.backfilled_from(store, events, config.features.idle_timeout_ms):
             progress(f"features of {dataset} are in {store} already")

@@ -52,11 +52,13 @@ def _cmd_status(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 def _cmd_selfcheck(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pipelines.io.kafka_clients import check_reachable
-    from pipelines.selfcheck import contract_round_trip
+    from pipelines.selfcheck import check_storage, contract_round_trip
     from pipelines.spark_session import build_spark
 
     # Say so before paying for a Spark start-up.
     check_reachable(config.kafka.bootstrap_servers, config.kafka.connect_timeout_s)
+    for line in check_storage(config):
+        print(f"storage {line}")
     spark = build_spark(config, "selfcheck")
     result = contract_round_trip(spark, config, events=args.events)
     print(result.summary())
@@ -133,7 +135,7 @@ def _cmd_features(config: SentinelConfig, args: argparse.Namespace) -> int:
         paths += offline_store.dataset_files(args.dataset)[0]
     if not paths:
         raise UsageError("features backfill needs event files or --dataset DIR")
-    store = args.store or config.features.offline_path
+    store = config.location(args.store) if args.store else config.offline_store
     spark = build_spark(config, "backfill")
     rows = offline_store.backfill(spark, paths, store, config.features.idle_timeout_ms)
     print(f"wrote {rows} feature rows from {len(paths)} event file(s) to {store}")
@@ -694,9 +696,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from pipelines.lab import LabError
     from pipelines.alerting import AlertmanagerUnavailable
     from pipelines.detection.incident_page import UnknownIncident
+    from pipelines.io.storage import StorageError
 
     return (StackError, KafkaUnavailable, JavaMissing, FileNotFoundError, TrainingSetInvalid, ModelUnavailable,
-            FlinkClusterError, LedgerError, LabError, AlertmanagerUnavailable, UnknownIncident)
+            FlinkClusterError, LedgerError, LabError, AlertmanagerUnavailable, UnknownIncident, StorageError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,10 +16,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator,
+                      model_validator)
+
+from pipelines.io.storage import Location, is_uri, local_only, normalize
 
 ENV_PREFIX = "SENTINEL_"
 # Variables with the prefix that are not key paths.
@@ -36,6 +39,24 @@ class ConfigError(ValueError):
 class _Strict(BaseModel):
     # Numbers are accepted for string keys because environment values are parsed as YAML.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+
+
+def _local_path(value: Any) -> Any:
+    return local_only(value, "this key") if isinstance(value, str) else value
+
+
+def _storage_location(value: Any) -> Any:
+    # A URI is checked here, so its error names the key; a relative path is made absolute by resolved().
+    if isinstance(value, Path):
+        return str(value)
+    return normalize(value, Path.cwd()) if isinstance(value, str) and is_uri(value) else value
+
+
+# A path on this host (a file:// URI is one too): PID files, logs, a Prometheus text file, certificates.
+LocalPath = Annotated[Path, BeforeValidator(_local_path)]
+# A folder on local disk or on shared storage (s3://, gs://, hdfs://, abfs(s)://), for Spark and the
+# job's own files alike (pipelines/io/storage.py).
+StorageLocation = Annotated[str, BeforeValidator(_storage_location)]
 
 
 # kafka-python's names for what `kafka.security` holds, with its key there: setting them in
@@ -67,20 +88,20 @@ class KafkaSecurityConfig(_Strict):
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="SSL: TLS; SASL_SSL: TLS and SASL; SASL_PLAINTEXT: SASL without TLS.")
-    ssl_cafile: Path | None = Field(None, description="PEM file of the CA(s) that signed the brokers' certificates "
+    ssl_cafile: LocalPath | None = Field(None, description="PEM file of the CA(s) that signed the brokers' certificates "
                                                       "(default: the system's CAs).")
-    ssl_certfile: Path | None = Field(None, description="Client certificate (PEM), for brokers that require mutual "
+    ssl_certfile: LocalPath | None = Field(None, description="Client certificate (PEM), for brokers that require mutual "
                                                         "TLS. With kafka.connector: spark, the key must be in it too.")
-    ssl_keyfile: Path | None = Field(None, description="The client certificate's private key (PEM), when it is not "
+    ssl_keyfile: LocalPath | None = Field(None, description="The client certificate's private key (PEM), when it is not "
                                                        "in ssl_certfile.")
     ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted private key.")
-    ssl_key_password_file: Path | None = Field(None, description="A file holding ssl_key_password.")
+    ssl_key_password_file: LocalPath | None = Field(None, description="A file holding ssl_key_password.")
     ssl_check_hostname: bool = Field(True, description="Check that the broker's certificate names the host "
                                                        "connected to.")
     sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
-    sasl_password_file: Path | None = Field(None, description="A file holding sasl_password.")
+    sasl_password_file: LocalPath | None = Field(None, description="A file holding sasl_password.")
 
     # The keys that name files: made absolute against the config's folder, and checked to exist.
     FILE_KEYS: ClassVar[tuple[str, ...]] = ("ssl_cafile", "ssl_certfile", "ssl_keyfile", "ssl_key_password_file",
@@ -222,9 +243,10 @@ class SparkConfig(_Strict):
     master: str = Field("local[2]", description="Spark's master when `sentinel` starts Spark itself; under "
                                                  "spark-submit (infra/spark_submit_main.py) its --master wins.")
     app_name: str = "checkpoint-sentinel"
-    checkpoint_location: Path | None = Field(
-        None, description="Root folder (default <state_dir>/checkpoints); each query checkpoints in its own "
-                          "sub-folder named after it.",
+    checkpoint_location: StorageLocation | None = Field(
+        None, description="Root folder, a path or a URI (s3://, gs://, hdfs://; default <state_dir>/checkpoints); "
+                          "each query checkpoints in its own sub-folder named after it, the detection query's "
+                          "incident policy state beside it.",
     )
     trigger_interval: str = Field("5 seconds", description="Processing-time trigger of the live job.")
     shuffle_partitions: int = Field(4, ge=1)
@@ -263,8 +285,8 @@ class MlflowConfig(_Strict):
 
 
 class FeaturesConfig(_Strict):
-    offline_path: Path | None = Field(None, description="Root of the Parquet offline store "
-                                                        "(default <state_dir>/feature_store).")
+    offline_path: StorageLocation | None = Field(None, description="Root of the Parquet offline store, a path or "
+                                                                   "a URI (default <state_dir>/feature_store).")
     lateness_s: float = Field(30.0, ge=0, description="How late (event time) an event may arrive and still count.")
     idle_timeout_s: float = Field(1800.0, gt=0, description="A job silent this long (event time) is forgotten.")
 
@@ -309,10 +331,37 @@ class DetectionConfig(_Strict):
     gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
                                                              "(it runs beside the job, off its critical path).")
-    metrics_file: Path | None = Field(None, description="Prometheus text file (default "
+    metrics_file: LocalPath | None = Field(None, description="Prometheus text file (default "
                                                         "<state_dir>/metrics/sentinel.prom).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel run` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="Its port (0: any free one; null: off).")
+
+
+class StorageConfig(_Strict):
+    """How the storage behind s3:// locations is reached, by Spark (Hadoop's s3a) and by the job's own
+    files (pyarrow) alike. Credentials are not here: both take them from the standard AWS chain
+    (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role)."""
+
+    s3_endpoint_url: str | None = Field(None, description="An S3-compatible store's endpoint (MinIO, Ceph), "
+                                                          "e.g. http://minio:9000; its buckets are addressed by "
+                                                          "path. Unset: AWS S3.")
+    s3_region: str | None = Field(None, description="The buckets' region (unset: the SDKs' default chain).")
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        return None if value is None else _http_url(value)
+
+    def spark_conf(self) -> dict[str, str]:
+        """The same settings for Hadoop's S3 client (``spark.hadoop.fs.s3a.*``)."""
+        conf = {}
+        if self.s3_endpoint_url:
+            conf["spark.hadoop.fs.s3a.endpoint"] = self.s3_endpoint_url
+            conf["spark.hadoop.fs.s3a.path.style.access"] = "true"
+            conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(self.s3_endpoint_url.startswith("https")).lower()
+        if self.s3_region:
+            conf["spark.hadoop.fs.s3a.endpoint.region"] = self.s3_region
+        return conf
 
 
 class StackConfig(_Strict):
@@ -356,8 +405,9 @@ class CollectorConfig(_Strict):
     retries: int = Field(3, ge=0, description="Retries of a failed REST request within one poll.")
     backoff_s: float = Field(0.5, gt=0, description="First wait before a retry; doubles each time.")
     max_backoff_s: float = Field(60.0, gt=0, description="Longest wait between polls of an unreachable cluster.")
-    state_dir: Path | None = Field(None, description="Where the last published checkpoint of each job is kept "
-                                                     "(default <state_dir>/collector).")
+    state_dir: StorageLocation | None = Field(None, description="Where the last published checkpoint of each job "
+                                                                "is kept, a path or a URI (default "
+                                                                "<state_dir>/collector).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel collect` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9465, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
@@ -388,7 +438,7 @@ class LabConfig(_Strict):
     """`sentinel lab`: a local Flink standalone cluster running real failure scenarios."""
 
     flink_version: str = "2.3.0"
-    flink_venv: Path = Field(Path(".venv-flink"), description="Virtualenv the lab creates for apache-flink "
+    flink_venv: LocalPath = Field(Path(".venv-flink"), description="Virtualenv the lab creates for apache-flink "
                                                               "(its dependencies clash with the main one).")
     rest_port: int = Field(18081, ge=1, le=65535)
     rpc_port: int = Field(16123, ge=1, le=65535)
@@ -397,20 +447,21 @@ class LabConfig(_Strict):
     jobmanager_memory: str = "1024m"
     taskmanager_memory: str = "4096m"
     startup_timeout_s: float = Field(90.0, gt=0)
-    datasets_dir: Path | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
-    corpus_dir: Path | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
+    datasets_dir: LocalPath | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
+    corpus_dir: LocalPath | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
                                                       "`sentinel lab --grid` records into it, `sentinel train` "
                                                       "trains on it.")
 
 
 class SentinelConfig(_Strict):
-    state_dir: Path = Field(Path(".sentinel"), description="Project-local state: logs, PIDs, stores.")
+    state_dir: LocalPath = Field(Path(".sentinel"), description="Project-local state: logs, PIDs, stores.")
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     topics: TopicsConfig = Field(default_factory=TopicsConfig)
     spark: SparkConfig = Field(default_factory=SparkConfig)
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
     features: FeaturesConfig = Field(default_factory=FeaturesConfig)
     detection: DetectionConfig = Field(default_factory=DetectionConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
     alert: AlertConfig = Field(default_factory=AlertConfig)
@@ -420,12 +471,12 @@ class SentinelConfig(_Strict):
         """Make relative paths absolute against ``base_dir`` and fill the derived defaults."""
         cfg = self.model_copy(deep=True)
         cfg.state_dir = _absolute(cfg.state_dir, base_dir)
-        cfg.spark.checkpoint_location = _absolute(cfg.spark.checkpoint_location or cfg.state_dir / "checkpoints",
+        cfg.spark.checkpoint_location = normalize(cfg.spark.checkpoint_location or cfg.state_dir / "checkpoints",
                                                   base_dir)
-        cfg.features.offline_path = _absolute(cfg.features.offline_path or cfg.state_dir / "feature_store", base_dir)
+        cfg.features.offline_path = normalize(cfg.features.offline_path or cfg.state_dir / "feature_store", base_dir)
         cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
                                                base_dir)
-        cfg.collector.state_dir = _absolute(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
+        cfg.collector.state_dir = normalize(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
         security = cfg.kafka.security
         for key in security.FILE_KEYS:
             if getattr(security, key) is not None:
@@ -440,21 +491,23 @@ class SentinelConfig(_Strict):
             # Without this, MLflow puts a database store's artifacts in ./mlruns of whatever
             # folder the command ran in.
             cfg.mlflow.artifact_root = str(mlflow_dir / "artifacts")
-        if cfg.mlflow.artifact_root is not None and not _is_uri(cfg.mlflow.artifact_root):
+        if cfg.mlflow.artifact_root is not None and not is_uri(cfg.mlflow.artifact_root):
             cfg.mlflow.artifact_root = _absolute(Path(cfg.mlflow.artifact_root), base_dir).as_uri()
         if cfg.mlflow.registry_uri is None:
             cfg.mlflow.registry_uri = cfg.mlflow.tracking_uri
         return cfg
 
-    def checkpoint_dir(self, query_name: str) -> Path:
+    def location(self, value: str | Path) -> Location:
+        """A configured folder as a :class:`~pipelines.io.storage.Location`, reached with ``storage``."""
+        return Location.of(value, self.storage)
+
+    def checkpoint_dir(self, query_name: str) -> Location:
         """Each streaming query gets its own checkpoint folder: sharing one corrupts both."""
-        return Path(self.spark.checkpoint_location) / query_name
+        return self.location(self.spark.checkpoint_location) / query_name
 
-
-def _is_uri(value: str) -> bool:
-    """``s3://b/x``, ``file:///x``, ``mlflow-artifacts:/x``; not a path (a Windows drive is no scheme)."""
-    scheme, sep, _ = value.partition(":")
-    return bool(sep) and len(scheme) > 1 and scheme.replace("-", "").replace("+", "").replace(".", "").isalnum()
+    @property
+    def offline_store(self) -> Location:
+        return self.location(self.features.offline_path)
 
 
 def _absolute(path: Path, base_dir: Path) -> Path:

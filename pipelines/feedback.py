@@ -13,7 +13,6 @@ import getpass
 import json
 import logging
 import time
-from pathlib import Path
 
 from pipelines.config import SentinelConfig
 from pipelines.contracts import FEEDBACK, SCHEMA_VERSION
@@ -92,7 +91,7 @@ def load_fleet_feedback(spark, config: SentinelConfig):
     from models.feedback import FleetFeedback, window
 
     verdicts = read_verdicts(config)
-    log_root = Path(config.features.offline_path) / "live"
+    log_root = config.offline_store / "live"
     if not verdicts or not log_root.is_dir():
         return FleetFeedback(verdicts, pd.DataFrame())
     spans = [window(v) for v in verdicts]

@@ -2,14 +2,15 @@
 
 Example input events are published to a fresh topic, read by a Structured Streaming query with
 the configured Kafka connector, parsed into the input contract's Spark schema, written back as
-JSON to a second fresh topic, and compared one by one with what was sent. ``sentinel selfcheck``
-runs it against any cluster the config points at; ``make run`` runs it on the embedded stack.
+JSON to a second fresh topic, and compared one by one with what was sent. The query checkpoints
+where the job will (``spark.checkpoint_location``, local or a URI), and each configured storage
+location is probed first (:func:`check_storage`). ``sentinel selfcheck`` runs it against any
+cluster the config points at; ``make run`` runs it on the embedded stack.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from pipelines.contracts import INPUT, input_event_key
 from pipelines.contracts.examples import example_events
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import kafka_stream_writer, read_kafka_stream
+from pipelines.io.storage import probe
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,14 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
+def check_storage(config: SentinelConfig) -> list[str]:
+    """Probe every place the job and the collector keep state; raises StorageError for the first
+    that cannot be written."""
+    folders = {config.location(config.spark.checkpoint_location), config.offline_store,
+               config.location(config.collector.state_dir)}
+    return [probe(folder) for folder in sorted(folders, key=lambda f: f.uri)]
+
+
 def contract_round_trip(spark: SparkSession, config: SentinelConfig, events: int = 3000) -> RoundTripResult:
     run_id = uuid.uuid4().hex[:8]
     in_topic, out_topic = f"sentinel.selfcheck.{run_id}.in", f"sentinel.selfcheck.{run_id}.out"
@@ -76,10 +86,11 @@ def contract_round_trip(spark: SparkSession, config: SentinelConfig, events: int
         .select(F.col("key"), F.from_json(F.col("value").cast("string"), INPUT.spark_schema()).alias("event"))
         .select("key", F.to_json("event").alias("value"))
     )
-    with tempfile.TemporaryDirectory(dir=config.state_dir) as checkpoint:
+    checkpoint = config.checkpoint_dir(f"_selfcheck-{run_id}")
+    try:
         query = (
             kafka_stream_writer(parsed, config, out_topic)
-            .option("checkpointLocation", checkpoint)
+            .option("checkpointLocation", checkpoint.spark_path)
             .queryName(f"selfcheck_{run_id}")
             .trigger(availableNow=True)
             .start()
@@ -88,6 +99,8 @@ def contract_round_trip(spark: SparkSession, config: SentinelConfig, events: int
             query.awaitTermination()
         finally:
             query.stop()
+    finally:
+        checkpoint.delete_tree()
     seconds = time.monotonic() - started
 
     consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())

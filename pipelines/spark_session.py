@@ -87,7 +87,8 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
     )
-    for key, value in spark_cfg.extra_conf.items():
+    # The storage settings first: spark.extra_conf may refine Hadoop's S3 client further.
+    for key, value in {**config.storage.spark_conf(), **spark_cfg.extra_conf}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(spark_cfg.log_level)

@@ -170,3 +170,59 @@ def first_opened(incidents, family: str, run: str, runs: dict) -> dict:
     found = [i for i in incidents if i["event"] == "opened" and i["family"] == family and runs[i["job_id"]] == run]
     assert found, f"no {family} incident on {run}: {[(i['family'], runs[i['job_id']]) for i in incidents]}"
     return found[0]
+
+
+# --- an S3 store -----------------------------------------------------------------------------------
+# moto's server speaks the S3 REST API (buckets, objects, multipart uploads, listings by prefix) on
+# loopback: what pyarrow and Hadoop's s3a client talk to in production, minus the cloud.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "sentinel-test", "AWS_SECRET_ACCESS_KEY": "sentinel-test-secret",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+class S3Store:
+    def __init__(self, endpoint_url: str, bucket: str):
+        self.endpoint_url, self.bucket = endpoint_url, bucket
+
+    def environment(self) -> dict[str, str]:
+        """What a `sentinel` process needs to reach the store: credentials the standard way, the endpoint."""
+        return {**S3_CREDENTIALS, "SENTINEL_STORAGE__S3_ENDPOINT_URL": self.endpoint_url}
+
+    def filesystem(self):
+        from pyarrow import fs
+
+        return fs.S3FileSystem(endpoint_override=self.endpoint_url.split("://", 1)[1], scheme="http",
+                               access_key=S3_CREDENTIALS["AWS_ACCESS_KEY_ID"], allow_bucket_creation=True,
+                               secret_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region="us-east-1")
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every object under ``s3://<bucket>/<prefix>/``, named relative to that prefix."""
+        from pyarrow import fs
+
+        root = f"{self.bucket}/{prefix}"
+        selector = fs.FileSelector(root, recursive=True, allow_not_found=True)
+        return sorted(i.path[len(root) + 1:] for i in self.filesystem().get_file_info(selector)
+                      if i.type == fs.FileType.File)
+
+
+@pytest.fixture(scope="session")
+def s3_store(tmp_path_factory) -> S3Store:
+    """A running S3-compatible server with one bucket (moto, installed with the test extra)."""
+    import time
+
+    from infra.embedded_stack import port_in_use, stop_process_group
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not port_in_use("127.0.0.1", port):
+            assert server.poll() is None and time.monotonic() < deadline, f"moto did not start: {log.read_text()}"
+            time.sleep(0.2)
+        store = S3Store(f"http://127.0.0.1:{port}", "sentinel-shared")
+        store.filesystem().create_dir(store.bucket)
+        yield store
+    finally:
+        stop_process_group(server.pid)

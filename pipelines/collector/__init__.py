@@ -26,13 +26,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterable
 
 from pipelines.collector import mapping
 from pipelines.collector.ledger import CheckpointLedger
 from pipelines.collector.rest import FlinkRestClient, FlinkRestError
-from pipelines.config import CollectorConfig, FlinkClusterEndpoint
+from pipelines.config import CollectorConfig, FlinkClusterEndpoint, StorageConfig
+from pipelines.io.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +67,16 @@ class ClusterCollector:
     """Polls one Flink cluster; :meth:`poll` publishes and only then records what it published."""
 
     def __init__(self, endpoint: FlinkClusterEndpoint, settings: CollectorConfig, publish: Publish,
-                 clock: Callable[[], float] = time.time, source: str = "collector"):
+                 clock: Callable[[], float] = time.time, source: str = "collector",
+                 storage: StorageConfig | None = None):
         self.endpoint = endpoint
         self.publish = publish
         self.clock = clock
         self.source = source
         self.rest = FlinkRestClient(endpoint.rest_url, settings.request_timeout_s, settings.retries, settings.backoff_s)
-        ledger_path = Path(settings.state_dir) / f"{_file_name(endpoint.name)}.json" if settings.state_dir else None
-        self.ledger = CheckpointLedger(ledger_path)
+        ledger = (Location.of(settings.state_dir, storage) / f"{_file_name(endpoint.name)}.json"
+                  if settings.state_dir else None)
+        self.ledger = CheckpointLedger(ledger)
         self._checkpoint_config: dict[str, dict] = {}
         self._seen_terminal: set[str] = set()
 
@@ -247,7 +249,7 @@ def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool 
     if publish is None:
         publish, close = kafka_publisher(config)
     settings = config.collector
-    collectors = [ClusterCollector(endpoint, settings, publish) for endpoint in endpoints]
+    collectors = [ClusterCollector(endpoint, settings, publish, storage=config.storage) for endpoint in endpoints]
     stop = stop or threading.Event()
     results: list[PollResult] = []
     try:

@@ -1,11 +1,13 @@
-"""Which checkpoints of which job the collector has published, kept on disk across restarts.
+"""Which checkpoints of which job the collector has published, kept across restarts (on local disk or
+shared storage: a collector moved to another host finds it there).
 
 Per job: a ``watermark`` (every finished checkpoint with an id up to it has been published, or was
 gone from Flink's history before the collector saw it) and the ids above it already published.
 The watermark cannot simply be the largest published id: with concurrent checkpoints, id 7 can
 complete while id 6 is still in progress, and 6 must still be published when it finishes.
 
-The file is replaced atomically (write, fsync, rename) and only after the events it records were
+The file is replaced whole (locally: write, fsync, rename; an object store's PUT) and only after the
+events it records were
 acknowledged by Kafka, so a crash between the two publishes a checkpoint twice at worst, never
 not at all.
 
@@ -29,11 +31,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pipelines.collector.mapping import FINISHED_CHECKPOINT_STATES
+from pipelines.io.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,12 @@ class LedgerError(RuntimeError):
 
 
 class CheckpointLedger:
-    def __init__(self, path: Path | None = None):
-        self.path = path
+    def __init__(self, path: Location | Path | None = None):
+        self.path = None if path is None else Location.of(path)
         self.jobs: dict[str, dict[str, Any]] = {}
-        if path is not None and path.is_file():
+        if self.path is not None and self.path.exists():
             try:
-                data = json.loads(path.read_text())
+                data = json.loads(self.path.read_text())
                 self.jobs = {job: {"watermark": int(entry["watermark"]), "published": sorted(map(int, entry["published"])),
                                    "terminal_reported": bool(entry.get("terminal_reported", False)),
                                    **({"last_seen_ms": int(entry["last_seen_ms"])} if "last_seen_ms" in entry else {})}
@@ -106,13 +108,7 @@ class CheckpointLedger:
     def save(self) -> None:
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
         try:
-            with open(temporary, "w") as out:
-                json.dump({"jobs": self.jobs}, out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, self.path)
+            self.path.write_text(json.dumps({"jobs": self.jobs}, sort_keys=True))
         except OSError as exc:
             raise LedgerError(f"cannot write the collector ledger {self.path}: {exc}") from exc

@@ -45,6 +45,7 @@ from pipelines.detection.validation import (check_event, dead_letters, record_te
                                             validate_records)
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream, write_kafka_batch
+from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics, MetricsServer, serve
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,16 @@ KEEP_POLICY_STATES = 5
 
 
 class PolicyStore:
-    """The policy state after each micro-batch, one JSON file per batch id."""
+    """The policy state after each micro-batch, one JSON file per batch id, beside the query's
+    checkpoint (on the same storage: a local folder or a URI)."""
 
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Location):
+        self.directory = directory
+        self.directory.make_dirs()
 
     def _ids(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := re.fullmatch(r"state-(\d+)\.json", p.name)))
+        return sorted(int(m.group(1)) for name in self.directory.names()
+                      if (m := re.fullmatch(r"state-(\d+)\.json", name)))
 
     def load_before(self, batch_id: int) -> dict:
         """The state as it was after the latest batch before ``batch_id`` (a re-run batch starts there)."""
@@ -75,12 +78,9 @@ class PolicyStore:
         return json.loads((self.directory / f"state-{earlier[-1]:012d}.json").read_text())
 
     def save(self, batch_id: int, state: dict) -> None:
-        path = self.directory / f"state-{batch_id:012d}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, separators=(",", ":")))
-        tmp.replace(path)
+        (self.directory / f"state-{batch_id:012d}.json").write_text(json.dumps(state, separators=(",", ":")))
         for old in self._ids()[:-KEEP_POLICY_STATES]:
-            (self.directory / f"state-{old:012d}.json").unlink(missing_ok=True)
+            (self.directory / f"state-{old:012d}.json").delete()
 
 
 @dataclass
@@ -109,24 +109,26 @@ class IncidentSink:
             self._producer.close()
 
 
-def write_feature_log(rows: pd.DataFrame, root: Path, batch_id: int) -> None:
+def write_feature_log(rows: pd.DataFrame, root: Location | Path, batch_id: int) -> None:
     """The batch's feature rows under ``root/date=YYYY-MM-DD/``, one file per batch id (a re-run overwrites it)."""
     if rows.empty:
         return
+    root = Location.of(root)
     schema = to_arrow_schema(feature_row_schema())
     dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
     for date, part in rows.groupby(dates):
-        folder = Path(root) / f"date={date}"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = root / f"date={date}"
+        folder.make_dirs()
+        filesystem, path = (folder / f"live-batch-{batch_id:012d}.parquet").arrow()
         table = pa.Table.from_pandas(part.loc[:, schema.names], schema=schema, preserve_index=False)
-        pq.write_table(table, folder / f"live-batch-{batch_id:012d}.parquet")
+        pq.write_table(table, path, filesystem=filesystem)
 
 
 class BatchProcessor:
     """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
 
     def __init__(self, config: SentinelConfig, models: Callable[[], dict[str, LoadedDetector]], sink: IncidentSink,
-                 policy_store: PolicyStore | None = None, feature_log: Path | None = None,
+                 policy_store: PolicyStore | None = None, feature_log: Location | Path | None = None,
                  metrics: DetectionMetrics | None = None):
         self.config = config
         self.metrics = metrics
@@ -297,7 +299,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
         if detection.metrics_port is not None else None
     processor = BatchProcessor(config, cache.current, IncidentSink(config),
                                PolicyStore(config.checkpoint_dir(DETECTION_QUERY) / "policy"),
-                               Path(config.features.offline_path) / "live", metrics)
+                               config.offline_store / "live", metrics)
     validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",
                                     detection.gx_min_interval_s)
     dlq = DeadLetterProcessor(config, validator, metrics)
@@ -312,7 +314,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
             processingTime=config.spark.trigger_interval)
 
     detection_query = trigger(features.writeStream.foreachBatch(processor).queryName(DETECTION_QUERY)
-                              .option("checkpointLocation", str(config.checkpoint_dir(DETECTION_QUERY)))).start()
+                              .option("checkpointLocation", config.checkpoint_dir(DETECTION_QUERY).spark_path)).start()
     # The two queries share one source plan. Started together, the first batch of one of them (either)
     # failed in two of about a dozen restarts in the tests with java.io.OptionalDataException while
     # a task was deserialised (a map changed while it was serialised). So the dead-letter query
@@ -322,7 +324,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     queries = [
         detection_query,
         trigger(validated.writeStream.foreachBatch(dlq).queryName(DEAD_LETTER_QUERY)
-                .option("checkpointLocation", str(config.checkpoint_dir(DEAD_LETTER_QUERY)))).start(),
+                .option("checkpointLocation", config.checkpoint_dir(DEAD_LETTER_QUERY).spark_path)).start(),
     ]
     return RunningJob(spark, queries, processor, dlq, listener, validator, server)
 

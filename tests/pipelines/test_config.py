@@ -12,12 +12,12 @@ def test_defaults_point_at_the_embedded_stack(tmp_path):
         "flink.metrics", "flink.incidents", "flink.metrics.dlq",
     )
     assert config.state_dir == tmp_path / ".sentinel"
-    assert config.spark.checkpoint_location == tmp_path / ".sentinel" / "checkpoints"
+    assert config.spark.checkpoint_location == str(tmp_path / ".sentinel" / "checkpoints")
     assert config.mlflow.tracking_uri == f"sqlite:///{tmp_path / '.sentinel' / 'mlflow' / 'mlflow.db'}"
     assert config.mlflow.registry_uri == config.mlflow.tracking_uri
     assert config.mlflow.models.state_leak == "sentinel-state-leak"
     assert config.mlflow.alias == "champion"
-    assert config.checkpoint_dir("detector") == tmp_path / ".sentinel" / "checkpoints" / "detector"
+    assert config.checkpoint_dir("detector").uri == str(tmp_path / ".sentinel" / "checkpoints" / "detector")
 
 
 def test_yaml_file_then_environment_overrides(tmp_path):
@@ -44,7 +44,7 @@ def test_yaml_file_then_environment_overrides(tmp_path):
     assert config.topics.dead_letter == "flink.metrics.dlq"
     assert config.spark.shuffle_partitions == 16
     # Relative paths are relative to the config file's folder.
-    assert config.spark.checkpoint_location == path.parent / "ckpt"
+    assert config.spark.checkpoint_location == str(path.parent / "ckpt")
     assert config.mlflow.tracking_uri == config.mlflow.registry_uri == "http://mlflow:5000"
     # A tracking server keeps artifacts where it is told to, unless the config says otherwise.
     assert config.mlflow.artifact_root is None
@@ -61,6 +61,47 @@ def test_the_artifact_root_is_a_uri(tmp_path, given, expected):
     config = load_config(environ=environ, base_dir=tmp_path)
     expected = expected.format(state=(tmp_path / ".sentinel").as_uri(), base=tmp_path.as_uri())
     assert config.mlflow.artifact_root == expected
+
+
+def test_storage_locations_are_paths_or_uris_for_spark_and_the_job_alike(tmp_path):
+    config = load_config(environ={
+        "SENTINEL_SPARK__CHECKPOINT_LOCATION": "s3://fleet-state/sentinel/checkpoints/",
+        "SENTINEL_FEATURES__OFFLINE_PATH": (tmp_path / "store dir").as_uri(),
+        "SENTINEL_COLLECTOR__STATE_DIR": "collector-ledgers",
+        "SENTINEL_STORAGE__S3_ENDPOINT_URL": "http://minio:9000/",
+    }, base_dir=tmp_path)
+    checkpoints = config.checkpoint_dir("detection")
+    assert checkpoints.uri == "s3://fleet-state/sentinel/checkpoints/detection"
+    assert checkpoints.spark_path == "s3a://fleet-state/sentinel/checkpoints/detection"  # Hadoop's S3 client
+    assert not checkpoints.is_local and checkpoints.settings is config.storage
+    assert config.offline_store.uri == str(tmp_path / "store dir") and config.offline_store.is_local
+    assert config.collector.state_dir == str(tmp_path / "collector-ledgers")
+    assert config.storage.spark_conf() == {"spark.hadoop.fs.s3a.endpoint": "http://minio:9000",
+                                           "spark.hadoop.fs.s3a.path.style.access": "true",
+                                           "spark.hadoop.fs.s3a.connection.ssl.enabled": "false"}
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({"SENTINEL_SPARK__CHECKPOINT_LOCATION": "ftp://host/x"},
+     "spark.checkpoint_location: Value error, 'ftp://host/x': the scheme ftp:// is not supported here"),
+    ({"SENTINEL_FEATURES__OFFLINE_PATH": "s3:///no-bucket"}, "features.offline_path: Value error, 's3:///no-bucket' "
+                                                             "names no bucket or host"),
+    ({"SENTINEL_STATE_DIR": "s3://bucket/state"}, "state_dir: Value error, 's3://bucket/state': this key must be on "
+                                                  "this host; give a local path or a file:// URI"),
+    ({"SENTINEL_DETECTION__METRICS_FILE": "file://other-host/m.prom"}, "detection.metrics_file: Value error"),
+    ({"SENTINEL_STORAGE__S3_ENDPOINT_URL": "minio:9000"}, "storage.s3_endpoint_url: Value error, 'minio:9000' is "
+                                                          "not an http(s):// URL"),
+])
+def test_a_location_that_cannot_work_names_its_key(tmp_path, environ, expected):
+    with pytest.raises(ConfigError) as error:
+        load_config(environ=environ, base_dir=tmp_path)
+    assert expected in str(error.value)
+
+
+def test_local_keys_take_file_uris(tmp_path):
+    config = load_config(environ={"SENTINEL_STATE_DIR": (tmp_path / "state").as_uri()}, base_dir=tmp_path)
+    assert config.state_dir == tmp_path / "state"
+    assert config.spark.checkpoint_location == str(tmp_path / "state" / "checkpoints")
 
 
 def test_sentinel_config_variable_names_the_file(tmp_path):
@@ -131,7 +172,7 @@ def test_collector_clusters_are_checked_and_paths_resolved(tmp_path):
     good.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'http://flink-jm:8081/'}\n")
     config = load_config(good, environ={})
     assert config.collector.clusters[0].rest_url == "http://flink-jm:8081"
-    assert config.collector.state_dir == tmp_path / ".sentinel" / "collector"
+    assert config.collector.state_dir == str(tmp_path / ".sentinel" / "collector")
     assert config.lab.flink_venv == tmp_path / ".venv-flink"
     bad = tmp_path / "bad.yaml"
     bad.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'flink-jm:8081'}\n")

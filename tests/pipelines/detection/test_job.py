@@ -98,7 +98,7 @@ def test_the_job_reports_its_health_and_logs_its_features(spark, live_fleet):
     assert f"checkpoint_sentinel_incident_events_total {len(live_fleet['incidents'])}" in metrics
     from feature_store.offline_store import read_features
 
-    logged = read_features(spark, config.features.offline_path / "live").select("job_id").distinct().count()
+    logged = read_features(spark, config.offline_store / "live").select("job_id").distinct().count()
     # Every job of the fleet; the sweep job's one event still waits out its lateness.
     assert logged == len(live_fleet["jobs"])
 
