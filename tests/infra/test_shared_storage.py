@@ -113,16 +113,9 @@ def test_the_detection_job_keeps_its_checkpoints_and_state_on_s3_and_resumes_fro
     assert [k for k in s3_store.keys(prefix) if "/commits/" in k] == [k for k in keys if "/commits/" in k]
 
 
-def test_selfcheck_probes_the_store_and_the_collector_keeps_its_ledger_there(s3_store, hadoop_aws_jars, config):
+def test_the_collector_keeps_its_ledger_on_s3(s3_store, config):
     prefix = f"collector-{uuid.uuid4().hex[:8]}"
-    env = _shared_environment(s3_store, prefix, hadoop_aws_jars, config)
-    selfcheck = run_sentinel("selfcheck", "--events", "200", env=env, timeout=300)
-    assert selfcheck.returncode == 0, selfcheck.stderr[-3000:]
-    for folder in ("checkpoints", "collector", "feature_store"):
-        assert f"storage s3://{s3_store.bucket}/{prefix}/{folder}: write, read, delete OK" in selfcheck.stdout
-    assert "round trip OK: sent 200 events" in selfcheck.stdout
-    assert s3_store.keys(prefix) == []  # the probes and the round trip's checkpoint (on S3) cleaned up
-
+    env = _shared_environment(s3_store, prefix, [], config)
     with RecordedFlink(recorded_polls("leak")) as flink:
         collect = run_sentinel("collect", "--once", "--flink-rest", flink.url, "--cluster", "prod-eu", env=env,
                                timeout=300)

@@ -77,6 +77,23 @@ def test_the_collector_ledger_survives_a_restart_on_the_store(root):
     assert CheckpointLedger(root / "collector" / "prod-eu.json").jobs == ledger.jobs
 
 
+def test_selfcheck_probes_every_place_the_job_keeps_state(s3_store, tmp_path, monkeypatch):
+    from pipelines.selfcheck import check_storage
+    from tests.conftest import config_for
+
+    for name, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    prefix = f"s3://{s3_store.bucket}/probe-{uuid.uuid4().hex[:8]}"
+    config = config_for(tmp_path, spark__checkpoint_location=f"{prefix}/checkpoints",
+                        features__offline_path=f"{prefix}/feature_store",
+                        storage__s3_endpoint_url=s3_store.endpoint_url)
+    lines = check_storage(config)
+    assert [line.partition(": write, read, delete OK in ")[0] for line in lines] == [
+        f"{tmp_path}/collector", f"{prefix}/checkpoints", f"{prefix}/feature_store"]
+    assert all(": write, read, delete OK in " in line for line in lines)
+    assert s3_store.keys(prefix.split("/", 3)[3]) == []  # the probes are gone
+
+
 def test_an_unreachable_store_says_what_to_check(monkeypatch):
     from infra.embedded_stack import free_port
 
