@@ -2,8 +2,9 @@
 
 Written two ways with the same layout (``<root>/date=YYYY-MM-DD/part-*.parquet``; the root is a
 local folder or a URI, see :mod:`pipelines.io.storage`):
-the live job's feature log (:func:`feature_log_writer`, a streaming file sink, exactly once)
-and a batch backfill from recorded event files (:func:`backfill`). Training sets join
+the live job's feature log (:func:`append_feature_log`, each micro-batch's rows in a file named
+by its batch id, so a re-run batch replaces its own file: exactly once) and a batch backfill from
+recorded event files (:func:`backfill`). Training sets join
 feature rows with labels from ground truth *as of each row's time* (:func:`label_features`),
 and arbitrary label times with the latest features at or before them (:func:`as_of_join`):
 nothing from after the prediction time leaks into a training row.
@@ -16,9 +17,11 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import DataStreamWriter
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from feature_store.compute import batch_features, event_frame
 from feature_store.definitions import feature_row_schema
@@ -43,10 +46,20 @@ def write_features(features: DataFrame, root: Root) -> None:
      .partitionBy("date").parquet(_spark_path(root)))
 
 
-def feature_log_writer(features: DataFrame, root: Root) -> DataStreamWriter:
-    """The live job's feature log: late markers dropped, partitioned by date, exactly once."""
-    return (_with_date(features.filter(~F.col("is_late"))).writeStream.format("parquet")
-            .option("path", _spark_path(root)).partitionBy("date").outputMode("append"))
+def append_feature_log(rows: pd.DataFrame, root: Root, batch_id: int) -> None:
+    """The live job's feature log: one micro-batch's feature rows (late markers already dropped)
+    under ``root/date=YYYY-MM-DD/live-batch-<id>.parquet``; a re-run batch overwrites its own files."""
+    if rows.empty:
+        return
+    root = Location.of(root)
+    schema = to_arrow_schema(feature_row_schema())
+    dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
+    for date, part in rows.groupby(dates):
+        folder = root / f"date={date}"
+        folder.make_dirs()
+        filesystem, path = (folder / f"live-batch-{batch_id:012d}.parquet").arrow()
+        table = pa.Table.from_pandas(part.loc[:, schema.names], schema=schema, preserve_index=False)
+        pq.write_table(table, path, filesystem=filesystem)
 
 
 def read_features(spark: SparkSession, root: Root, start_ts: int | None = None,

@@ -27,14 +27,11 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
 
+from feature_store import offline_store
 from feature_store.compute import batch_features, event_frame, stream_features
-from feature_store.definitions import feature_row_schema
 from models.registry import LoadedDetector
 from pipelines.config import SentinelConfig
 from pipelines.detection import policy
@@ -109,21 +106,6 @@ class IncidentSink:
             self._producer.close()
 
 
-def write_feature_log(rows: pd.DataFrame, root: Location | Path, batch_id: int) -> None:
-    """The batch's feature rows under ``root/date=YYYY-MM-DD/``, one file per batch id (a re-run overwrites it)."""
-    if rows.empty:
-        return
-    root = Location.of(root)
-    schema = to_arrow_schema(feature_row_schema())
-    dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
-    for date, part in rows.groupby(dates):
-        folder = root / f"date={date}"
-        folder.make_dirs()
-        filesystem, path = (folder / f"live-batch-{batch_id:012d}.parquet").arrow()
-        table = pa.Table.from_pandas(part.loc[:, schema.names], schema=schema, preserve_index=False)
-        pq.write_table(table, path, filesystem=filesystem)
-
-
 class BatchProcessor:
     """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
 
@@ -167,7 +149,7 @@ class BatchProcessor:
         rows = rows[~late].reset_index(drop=True)
         incidents = self.process_rows(rows, batch_id)
         if self.feature_log is not None:
-            write_feature_log(rows, self.feature_log, batch_id)
+            offline_store.append_feature_log(rows, self.feature_log, batch_id)
         self.sink.publish(incidents)
         if self.policy_store is not None:
             self.policy_store.save(batch_id, self.state)

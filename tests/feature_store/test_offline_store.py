@@ -136,10 +136,19 @@ def test_the_live_feature_log_lands_in_the_store_like_a_backfill(spark, config, 
     job = simulator.simulate_job("backpressure_slow_operator", seed=3, duration_ms=15 * 60_000)
     publish_to_kafka(job.events, config)
     features = stream_features(event_frame(read_kafka_stream(spark, config, config.topics.input)), 30_000)
-    query = (offline_store.feature_log_writer(features, tmp_path / "store")
-             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+
+    def log_batch(batch, batch_id: int) -> None:  # what the detection job's foreachBatch does with its rows
+        rows = batch.filter(~batch.is_late).toPandas()
+        offline_store.append_feature_log(rows, tmp_path / "store", batch_id)
+        if batch_id == 0:  # a re-run batch replaces its own files, it does not add rows twice
+            offline_store.append_feature_log(rows, tmp_path / "store", batch_id)
+
+    query = (features.writeStream.foreachBatch(log_batch).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
     query.awaitTermination(300)
-    logged = {(r.vertex_id, r.ts): r.busy_max for r in offline_store.read_features(spark, tmp_path / "store").collect()}
+    rows = offline_store.read_features(spark, tmp_path / "store").collect()
+    logged = {(r.vertex_id, r.ts): r.busy_max for r in rows}
+    assert len(rows) == len(logged)  # no row twice
     expected = {(r["vertex_id"], r["ts"]): r["busy_max"] for r in features_for_events(job.events)
                 if r["ts"] <= job.events[-1]["ts"] - 30_000}
     assert logged == expected

@@ -17,7 +17,7 @@ import pytest
 from models.feedback import CONFIRMED, FALSE_POSITIVE, LOOKBACK_MS, SOURCE, latest_verdicts, regressed
 from models.training import run_training
 from pipelines.contracts import FEEDBACK
-from pipelines.detection.job import write_feature_log
+from feature_store.offline_store import append_feature_log
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
 from pipelines.feedback import give, load_fleet_feedback
 from pipelines.io import kafka_clients
@@ -42,7 +42,7 @@ def fleet(lab_replay, broker_config, trained_store):
     producer.flush()
     producer.close()
     live = Path(config.features.offline_path) / "live"
-    write_feature_log(result.rows, live, batch_id=0)
+    append_feature_log(result.rows, live, batch_id=0)
     yield config, result, runs
     shutil.rmtree(live)
 

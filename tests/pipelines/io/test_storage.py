@@ -11,7 +11,8 @@ import pytest
 
 from pipelines.collector.ledger import CheckpointLedger
 from pipelines.config import StorageConfig
-from pipelines.detection.job import KEEP_POLICY_STATES, PolicyStore, write_feature_log
+from feature_store.offline_store import append_feature_log
+from pipelines.detection.job import KEEP_POLICY_STATES, PolicyStore
 from pipelines.io.storage import Location, StorageError
 from tests.conftest import S3_CREDENTIALS
 
@@ -61,8 +62,8 @@ def test_the_feature_log_is_parquet_by_date_one_file_per_batch(root):
     for field in feature_row_schema().fields:
         if field.name != "ts":
             rows[field.name] = None
-    write_feature_log(rows, root / "live", batch_id=7)
-    write_feature_log(rows, root / "live", batch_id=7)  # a re-run batch overwrites its own file
+    append_feature_log(rows, root / "live", batch_id=7)
+    append_feature_log(rows, root / "live", batch_id=7)  # a re-run batch overwrites its own file
     assert (root / "live").names() == ["date=1970-01-02", "date=1970-01-03"]
     assert (root / "live" / "date=1970-01-02").names() == ["live-batch-000000000007.parquet"]
     filesystem, path = (root / "live" / "date=1970-01-02" / "live-batch-000000000007.parquet").arrow()
