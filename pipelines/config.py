@@ -88,12 +88,13 @@ class KafkaSecurityConfig(_Strict):
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="SSL: TLS; SASL_SSL: TLS and SASL; SASL_PLAINTEXT: SASL without TLS.")
-    ssl_cafile: LocalPath | None = Field(None, description="PEM file of the CA(s) that signed the brokers' certificates "
-                                                      "(default: the system's CAs).")
-    ssl_certfile: LocalPath | None = Field(None, description="Client certificate (PEM), for brokers that require mutual "
-                                                        "TLS. With kafka.connector: spark, the key must be in it too.")
-    ssl_keyfile: LocalPath | None = Field(None, description="The client certificate's private key (PEM), when it is not "
-                                                       "in ssl_certfile.")
+    ssl_cafile: LocalPath | None = Field(None, description="PEM file of the CA(s) that signed the brokers' "
+                                                           "certificates (default: the system's CAs).")
+    ssl_certfile: LocalPath | None = Field(None, description="Client certificate (PEM), for brokers that require "
+                                                             "mutual TLS. With kafka.connector: spark, the key must "
+                                                             "be in it too.")
+    ssl_keyfile: LocalPath | None = Field(None, description="The client certificate's private key (PEM), when it "
+                                                            "is not in ssl_certfile.")
     ssl_key_password: SecretStr | None = Field(None, description="Password of an encrypted private key.")
     ssl_key_password_file: LocalPath | None = Field(None, description="A file holding ssl_key_password.")
     ssl_check_hostname: bool = Field(True, description="Check that the broker's certificate names the host "
@@ -332,7 +333,7 @@ class DetectionConfig(_Strict):
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
                                                              "(it runs beside the job, off its critical path).")
     metrics_file: LocalPath | None = Field(None, description="Prometheus text file (default "
-                                                        "<state_dir>/metrics/sentinel.prom).")
+                                                             "<state_dir>/metrics/sentinel.prom).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel run` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9464, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
@@ -439,7 +440,7 @@ class LabConfig(_Strict):
 
     flink_version: str = "2.3.0"
     flink_venv: LocalPath = Field(Path(".venv-flink"), description="Virtualenv the lab creates for apache-flink "
-                                                              "(its dependencies clash with the main one).")
+                                                                   "(its dependencies clash with the main one).")
     rest_port: int = Field(18081, ge=1, le=65535)
     rpc_port: int = Field(16123, ge=1, le=65535)
     taskmanager_slots: int = Field(8, ge=2, description="Slots of the lab's TaskManager: a grid runs jobs side "
@@ -449,8 +450,8 @@ class LabConfig(_Strict):
     startup_timeout_s: float = Field(90.0, gt=0)
     datasets_dir: LocalPath | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
     corpus_dir: LocalPath | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
-                                                      "`sentinel lab --grid` records into it, `sentinel train` "
-                                                      "trains on it.")
+                                                           "`sentinel lab --grid` records into it, `sentinel train` "
+                                                           "trains on it.")
 
 
 class SentinelConfig(_Strict):

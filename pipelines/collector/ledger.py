@@ -6,10 +6,9 @@ gone from Flink's history before the collector saw it) and the ids above it alre
 The watermark cannot simply be the largest published id: with concurrent checkpoints, id 7 can
 complete while id 6 is still in progress, and 6 must still be published when it finishes.
 
-The file is replaced whole (locally: write, fsync, rename; an object store's PUT) and only after the
-events it records were
-acknowledged by Kafka, so a crash between the two publishes a checkpoint twice at worst, never
-not at all.
+The file is replaced whole (locally: write, fsync, rename; on an object store: one PUT) and only
+after the events it records were acknowledged by Kafka, so a crash between the two publishes a
+checkpoint twice at worst, never not at all.
 
 >>> ledger = CheckpointLedger()
 >>> history = [{"id": 5, "status": "COMPLETED"}, {"id": 6, "status": "IN_PROGRESS"}, {"id": 7, "status": "COMPLETED"}]

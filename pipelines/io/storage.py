@@ -113,10 +113,6 @@ class Location:
     def __str__(self) -> str:
         return self.uri
 
-    def __fspath__(self) -> str:
-        # Lets local-only code (and pathlib) take a local location; a remote one is refused there.
-        return str(self.local_path())
-
     @property
     def scheme(self) -> str:
         return self.uri.partition("://")[0] if "://" in self.uri else "file"
@@ -124,10 +120,6 @@ class Location:
     @property
     def is_local(self) -> bool:
         return self.scheme == "file"
-
-    @property
-    def name(self) -> str:
-        return self.uri.rstrip("/").rsplit("/", 1)[-1]
 
     @property
     def spark_path(self) -> str:
