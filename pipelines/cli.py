@@ -282,9 +282,10 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
 
     import json
 
+    incidents = follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max)
     if args.output == "table":
         print(HEADER, flush=True)
-    for incident in follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max):
+    for incident in incidents:
         print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
               flush=True)
     return 0

@@ -28,6 +28,15 @@ def test_unreachable_broker_stops_with_what_to_fix(tmp_path):
     assert time.monotonic() - started < 60
 
 
+def test_the_incident_table_prints_nothing_before_it_finds_the_broker_unreachable(tmp_path):
+    result = run_sentinel("incidents", "--timeout", "1", env={"SENTINEL_STATE_DIR": str(tmp_path),
+                                                              "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+                                                              "SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "2"})
+    assert result.returncode == 1
+    assert "Kafka at 127.0.0.1:9 is unreachable" in result.stderr
+    assert result.stdout == ""
+
+
 def test_bad_config_names_the_key_and_exits_2(tmp_path):
     result = run_sentinel("status", env={"SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_SPARK__SHUFLE_PARTITIONS": "4"})
     assert result.returncode == 2

@@ -36,7 +36,10 @@ def format_incident(incident: dict) -> str:
 
 def follow(config: SentinelConfig, from_beginning: bool = False, timeout_s: float | None = None,
            max_events: int | None = None, clock: Callable[[], float] = time.monotonic) -> Iterator[dict]:
-    """Incident events from the topic as they arrive; stops after ``timeout_s`` of silence or ``max_events``."""
+    """Incident events from the topic as they arrive; stops after ``timeout_s`` of silence or ``max_events``.
+
+    Connects before it returns, so a broker that cannot be reached (or refuses the client) stops
+    the caller before it prints anything."""
     kafka = config.kafka
     kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
     consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
@@ -46,6 +49,15 @@ def follow(config: SentinelConfig, from_beginning: bool = False, timeout_s: floa
         starts = (kafka_clients.earliest_offsets(consumer, topic, numbers) if from_beginning
                   else kafka_clients.latest_offsets(consumer, topic, numbers))
         kafka_clients.assign_from(consumer, topic, starts)
+    except BaseException:
+        consumer.close()
+        raise
+    return _incidents(consumer, timeout_s, max_events, clock)
+
+
+def _incidents(consumer, timeout_s: float | None, max_events: int | None,
+               clock: Callable[[], float]) -> Iterator[dict]:
+    try:
         seen, last = 0, clock()
         while True:
             batch = consumer.poll(timeout_ms=500)

@@ -177,3 +177,4 @@ def test_a_client_the_broker_does_not_accept_stops_with_what_to_set(tls_kafka, t
     assert reason in result.stderr
     assert "kafka.security" in result.stderr
     assert "Traceback" not in result.stderr
+    assert result.stdout == ""  # not even the table's header before the error
