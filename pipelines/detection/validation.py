@@ -16,10 +16,10 @@ skew explains.
 from __future__ import annotations
 
 import base64
-import json
 import time
 from typing import Any, Iterator
 
+import orjson
 import pandas as pd
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -49,8 +49,11 @@ def check_event(value: bytes | None, now_ms: int, max_future_ms: int = 300_000) 
     if value is None:
         return None, "malformed_json", "the record has no value (a tombstone?)"
     try:
-        event = json.loads(value)
-    except (UnicodeDecodeError, ValueError) as exc:
+        # The parser the feature state machine uses too, so what passes here parses there. It is
+        # strict RFC 8259: NaN, Infinity, lone surrogates and numbers past a double's range are
+        # refused (integers past 64 bits come back as doubles, which the state can hold).
+        event = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
         return None, "malformed_json", f"not JSON: {exc}"
     if not isinstance(event, dict):
         return None, "malformed_json", f"a JSON {type(event).__name__}, not an object"

@@ -29,6 +29,13 @@ def test_every_example_event_is_usable():
     (b"\xff\xfe\x00", "malformed_json", "not JSON"),
     (b"[1, 2]", "malformed_json", "a JSON list"),
     (None, "malformed_json", "tombstone"),
+    # Not JSON by RFC 8259, though Python's json module reads them: the feature state could not
+    # hold them, so they are refused here rather than failing a batch later.
+    (encoded(CHECKPOINT).replace(b'"state_size_bytes": ', b'"state_size_bytes": NaN, "x": '), "malformed_json",
+     "not JSON"),
+    (encoded(CHECKPOINT).replace(b'"state_size_bytes": ', b'"state_size_bytes": 1e400, "x": '), "malformed_json",
+     "not JSON"),
+    (encoded({**CHECKPOINT, "job_id": "\ud800"}), "malformed_json", "not JSON"),  # a lone surrogate
     (encoded({**CHECKPOINT, "schema_version": 2}), "unknown_schema_version", "schema_version 2"),
     (encoded({**CHECKPOINT, "kind": "savepoint"}), "unknown_kind", "'savepoint'"),
     (encoded({**CHECKPOINT, "state_size_bytes": -5}), "schema_violation", "state_size_bytes"),
