@@ -205,24 +205,25 @@ class JobFeatureState:
     retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
+    # Long-horizon fits, {JOB or vid: [stamp, trends]}: they change only when the thinned long
+    # buffer does (every ~22 s), not at every evaluation. Kept in the state because the stream
+    # rebuilds the machine from it at every call; the stamp (length, first and last time) names
+    # the buffer's content exactly, as entries are only appended later in time or dropped from
+    # the front. Lists, not tuples, so a stamp read back from JSON compares equal.
+    long_trend_cache: dict = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        # Long-horizon fits change only when the thinned long buffer does (every ~22 s), not at
-        # every evaluation: kept here, outside the state (a reload just computes them again).
-        self._long_cache: dict = {}
-
-    def _long_trends(self, key: str, points: list) -> tuple:
-        stamp = (len(points), points[-1][0] if points else None, points[0][0] if points else None)
-        cached = self._long_cache.get(key)
+    def _long_trends(self, key: str, points: list) -> list:
+        stamp = [len(points), points[-1][0] if points else None, points[0][0] if points else None]
+        cached = self.long_trend_cache.get(key)
         if cached is None or cached[0] != stamp:
-            cached = self._long_cache[key] = (stamp, long_trends(points))
+            cached = self.long_trend_cache[key] = [stamp, list(long_trends(points))]
         return cached[1]
 
     # --- persistence ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """The state's fields (a cheap, shallow view for JSON; no caches)."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        """The state's fields (a cheap, shallow view for JSON)."""
+        return dict(self.__dict__)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

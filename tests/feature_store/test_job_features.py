@@ -199,6 +199,26 @@ def test_state_round_trips_through_json_exactly():
     assert restored.consume(dict(nxt)) == state.consume(dict(nxt))
 
 
+
+def test_long_trends_kept_in_the_state_are_reused_after_a_reload_and_equal_a_fresh_fit():
+    # The stream rebuilds the machine from its JSON at every call: the long-horizon fits it
+    # keeps must still be found after that round trip, and must be what a fit from scratch gives.
+    step, sizes = 60_000, [100 + 7 * i + (i % 3) for i in range(40)]
+    cached, fresh = JobFeatureState(), JobFeatureState()
+    for i, size in enumerate(sizes):
+        event = checkpoint(T0 + i * step, size)
+        cached = JobFeatureState.from_json(cached.to_json())
+        fresh = JobFeatureState.from_json(fresh.to_json())
+        fresh.long_trend_cache.clear()
+        assert cached.consume(dict(event)) == fresh.consume(dict(event))
+    stamp, trends = cached.long_trend_cache["job"]
+    reloaded = JobFeatureState.from_json(cached.to_json())
+    reloaded.long_trend_cache["job"][1] = [-1.0, -2.0, -3.0]  # a hit returns what is kept, without a fit
+    row = reloaded.evaluate(reloaded.last_seen_ts, "checkpoint")[0]
+    assert (row["state_rel_slope_long_per_h"], row["state_r2_long"], row["state_deceleration"]) == (-1.0, -2.0, -3.0)
+    assert stamp == [len(cached.completed_long), cached.completed_long[-1][0], cached.completed_long[0][0]]
+    assert trends[0] > 0 and 0.9 < trends[1] <= 1.0
+
 def test_state_stays_bounded_over_a_long_fast_run():
     state = JobFeatureState()
     for i in range(5000):  # 500 ms interval for ~40 minutes
