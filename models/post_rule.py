@@ -90,7 +90,7 @@ class PostRule:
         count = np.array([sum(s >= self.threshold for s in window)])
         if row is None:
             return bool(count[0] >= self.k)
-        columns = {name: np.array([_value(row, name)]) for name in self._guard_columns()}
+        columns = {name: np.array([_value(row, name)]) for name in self.guard_columns()}
         if limit_eta_s is not None:
             columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], [limit_eta_s])
         return bool(self._decided(count, columns, np.array([horizon_s], dtype="float64"))[0])
@@ -108,17 +108,32 @@ class PostRule:
         a batch continues the persistence count where the previous one left it.
         """
         keys = [frame[c].fillna("") for c in entity]
-        scores = frame[score].to_numpy(dtype="float64")
-        times = frame[ts].to_numpy(dtype="float64")
-        n_rows = len(frame)
-        if history:
-            past = [(key, value) for key, values in history.items() for value in list(values)[-self.n:]]
-            keys = [pd.concat([k, pd.Series([key[i] for key, _ in past], dtype=object)], ignore_index=True)
+        past_keys = [key for key, values in (history or {}).items() for _ in list(values)[-self.n:]]
+        past_scores = [value for values in (history or {}).values() for value in list(values)[-self.n:]]
+        if past_keys:
+            keys = [pd.concat([k, pd.Series([key[i] for key in past_keys], dtype=object)], ignore_index=True)
                     for i, k in enumerate(keys)]
-            scores = np.r_[scores, [value for _, value in past]]
-            # Earlier than any row, in their own order.
-            times = np.r_[times, -1e18 + np.arange(len(past), dtype="float64")]
         group = pd.MultiIndex.from_arrays(keys).factorize()[0] if len(keys) > 1 else keys[0].factorize()[0]
+        n_rows = len(frame)
+        columns = {name: (frame[name].to_numpy(dtype="float64") if name in frame else np.full(n_rows, np.nan))
+                   for name in self.guard_columns()}
+        decided = self.decide_rows(group[:n_rows], frame[score].to_numpy(dtype="float64"),
+                                   frame[ts].to_numpy(dtype="float64"), columns, horizon_s,
+                                   group[n_rows:], np.asarray(past_scores, dtype="float64"))
+        return pd.Series(decided, index=frame.index)
+
+    def decide_rows(self, group: np.ndarray, scores: np.ndarray, times: np.ndarray,
+                    columns: Mapping[str, np.ndarray], horizon_s: float | np.ndarray,
+                    past_group: np.ndarray | None = None, past_scores: np.ndarray | None = None) -> np.ndarray:
+        """:meth:`decisions` on arrays: ``group`` codes each row's entity, ``columns`` holds the
+        :meth:`guard_columns` (NaN where unknown), and ``past_group``/``past_scores`` are scores
+        the entities had before these rows, oldest first within each entity."""
+        n_rows = len(scores)
+        if past_group is not None and len(past_group):
+            group = np.r_[group, past_group]
+            scores = np.r_[scores, past_scores]
+            # Earlier than any row, in their own order.
+            times = np.r_[times, -1e18 + np.arange(len(past_group), dtype="float64")]
         order = np.lexsort((times, group))
         over = (scores[order] >= self.threshold).astype(np.int64)
         g = group[order]
@@ -129,14 +144,13 @@ class PostRule:
         i = np.arange(len(g))
         counts = np.empty(len(g), dtype=np.int64)
         counts[order] = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
-        columns = {name: (frame[name].to_numpy(dtype="float64") if name in frame else np.full(n_rows, np.nan))
-                   for name in self._guard_columns()}
         horizon = np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (n_rows,))
-        return pd.Series(self._decided(counts[:n_rows], columns, horizon), index=frame.index)
+        return self._decided(counts[:n_rows], columns, horizon)
 
     # --- the one implementation -------------------------------------------------------------------
 
-    def _guard_columns(self) -> tuple[str, ...]:
+    def guard_columns(self) -> tuple[str, ...]:
+        """The feature columns the rule's guards and evidence read."""
         return ((GUARD_COLUMNS if self.warmup_guard else ()) + (("job_age_s",) if self.startup_s else ())
                 + tuple(c for c, _ in self.evidence))
 

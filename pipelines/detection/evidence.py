@@ -60,6 +60,10 @@ def leak_forecast(row: Mapping[str, Any], configured_limit: int | None) -> dict 
     return None
 
 
+# What :func:`configured_limit_eta_s` reads.
+LIMIT_COLUMNS = ("vertex_state_size_bytes", "state_size_bytes", "vertex_state_rel_slope_per_h", "state_rel_slope_per_h")
+
+
 def configured_limit_eta_s(rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray:
     """Seconds until each row's state reaches its configured limit at its relative slope (the
     vertex's where known, else the job's); NaN without a limit or growth."""

@@ -23,7 +23,13 @@ job's warm-up horizon and state limit, and mutes families; it overrides what a p
 
 The incident id hashes the entity and the event time it opened, so re-running a micro-batch from
 the same state re-sends the same ids, and a replay of the same events gives the same incidents as
-the live job. The whole state is a JSON-able dict; :func:`step` returns the events and mutates it.
+the live job. The whole state is a JSON-able dict, one entry per job; :func:`step` returns the
+events and mutates it. Jobs never see each other's entries, so the live job can step each
+partition's jobs on its own and keep each job's entry with the job's other state.
+
+Most rows change nothing: an entity that is not open and whose post-rule holds nowhere in the
+batch only extends its score history, which is done for all of them at once; only the rows of
+entities that can open, update or resolve are walked one by one in event-time order.
 """
 
 from __future__ import annotations
@@ -73,7 +79,7 @@ class PolicySettings:
     eta_change_ratio: float = 0.25
     critical_eta_s: float = 3600.0
     state_limit_bytes: int | None = None
-    forget_after_ms: int = 1_800_000  # a job silent this long, with nothing open, leaves the state
+    forget_after_ms: int = 1_800_000  # a job back after this long, with nothing open, starts afresh
     warmup_horizon_s: float = DEFAULT_WARMUP_HORIZON_S
     job_overrides: tuple[JobOverride, ...] = field(default=())
     _resolved: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # job name -> JobSettings
@@ -128,22 +134,105 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
 
     ``rows`` are feature rows (late markers excluded), ``scores`` come from
     :func:`pipelines.detection.scoring.score_rows` over them; ``rules`` hold each family's post-rule.
+    Jobs are independent: a batch of many jobs gives each job the events a batch of its rows alone
+    would, so the live job may step any subset of jobs at once.
     """
     if scores.empty:
         return _terminal(state, rows)
-    merged = scores.merge(rows, left_on="row", right_index=True, how="inner")
-    merged["_family_order"] = merged["family"].map(EVALUATION_ORDER.index)
-    merged["_vertex"] = merged["vertex_id"].fillna("")
-    merged = merged.sort_values(["cluster", "job_id", "ts", "_family_order", "_vertex"], kind="stable")
-    merged = merged.reset_index(drop=True)
-    decided = _decisions(state, merged, rules, settings)
-    columns = {name: merged[name].tolist() for name in merged.columns}
+    scored = _scored(rows, scores, rules)
+    _forget_returning_jobs(state, scored, settings.forget_after_ms)
+    decided = _decisions(state, scored, rules, settings)
+    active = _active(state, scored, decided)
+    events = _transitions(state, rows, scored[active].reset_index(drop=True), decided[active], rules, settings)
+    _remember(state, scored[~active], rules)
+    return events + _terminal(state, rows)
+
+
+_ROW_KEYS = ("cluster", "job_id", "job_name", "job_state", "vertex_id", "ts")
+
+
+def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRule]) -> pd.DataFrame:
+    """One row per score, in the order the policy walks them (job, event time, causes first,
+    vertex), with the few row columns the decisions read; ``_row`` points back into ``rows``,
+    ``_job`` and ``_entity`` number the jobs and (job, family, vertex) entities, whose state keys
+    are in ``attrs``."""
+    positions = rows.index.get_indexer(scores["row"])
+    scores = scores[positions >= 0]
+    positions = positions[positions >= 0]
+    needed = set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
+    for rule in rules.values():
+        needed.update(rule.guard_columns())
+    taken = rows.iloc[positions, [rows.columns.get_loc(c) for c in sorted(needed) if c in rows.columns]]
+    scored = taken.reset_index(drop=True)
+    scored["_row"] = positions
+    for name in ("family", "score", "model_name", "model_version", "model_alias"):
+        scored[name] = scores[name].to_numpy()
+    scored["_vertex"] = scored["vertex_id"].fillna("")
+    cluster, clusters = pd.factorize(scored["cluster"], sort=True)
+    job_id, job_ids = pd.factorize(scored["job_id"], sort=True)
+    vertex, vertices = pd.factorize(scored["_vertex"], sort=True)
+    family = scored["family"].map(EVALUATION_ORDER.index).to_numpy()
+    order = np.lexsort((vertex, family, scored["ts"].to_numpy(), job_id, cluster))
+    scored = scored.take(order).reset_index(drop=True)
+    cluster, job_id, vertex, family = cluster[order], job_id[order], vertex[order], family[order]
+    _, job_first, job = np.unique(cluster.astype(np.int64) * len(job_ids) + job_id, return_index=True,
+                                  return_inverse=True)
+    scored["_job"] = job
+    jobs = np.array([f"{clusters[cluster[i]]}/{job_ids[job_id[i]]}" for i in job_first] or [""], dtype=object)
+    entity_code = (job.astype(np.int64) * len(EVALUATION_ORDER) + family) * len(vertices) + vertex
+    _, first, entity = np.unique(entity_code, return_index=True, return_inverse=True)
+    scored["_entity"] = entity
+    entities = np.array([f"{EVALUATION_ORDER[family[i]]}/{vertices[vertex[i]]}" for i in first] or [""], dtype=object)
+    scored.attrs.update(jobs=jobs, entities=entities)
+    return scored
+
+
+def _forget_returning_jobs(state: dict, scored: pd.DataFrame, forget_after_ms: int) -> None:
+    """A job back after ``forget_after_ms`` of silence with nothing open starts afresh, as its
+    feature state does after the idle timeout: its old scores say nothing about its new run.
+    Judged on the job's own event time only, so it does not matter which other jobs share the
+    batch (the live job steps whatever jobs a micro-batch partition holds)."""
+    jobs = scored.attrs["jobs"]
+    for code, ts in scored.groupby("_job", sort=False)["ts"].min().items():
+        job = state.get(jobs[code])
+        if job is not None and ts - job.get("_last_ts", ts) > forget_after_ms and not _any_open(job):
+            del state[jobs[code]]
+
+
+def _any_open(job: dict) -> bool:
+    return any(isinstance(e, dict) and e.get("open") for e in job.values())
+
+
+def _active(state: dict, scored: pd.DataFrame, decided: np.ndarray) -> np.ndarray:
+    """Rows of the entities this batch can change: open before it, or decided at some row of it.
+    The others only extend their score history, which needs no walk in event-time order."""
+    changing = np.zeros(len(scored.attrs["entities"]), dtype=bool)
+    entity = scored["_entity"].to_numpy()
+    changing[entity[decided]] = True
+    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    first = np.unique(entity, return_index=True)[1]
+    for code, job_code in zip(entity[first].tolist(), scored["_job"].to_numpy()[first].tolist()):
+        if not changing[code]:
+            open_ = state.get(jobs[job_code], {}).get(entities[code], {}).get("open")
+            changing[code] = bool(open_)
+    return changing[entity]
+
+
+def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, decided: np.ndarray,
+                 rules: Mapping[str, PostRule], settings: PolicySettings) -> list[dict]:
+    """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
+    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    columns = {name: scored[name].tolist() for name in scored.columns}
+    positions = sorted(set(columns["_row"]))
+    # NaN is the only value unequal to itself: the cheap test, on every column.
+    records = {position: {name: (v if v == v else None) for name, v in record.items()}
+               for position, record in zip(positions, rows.iloc[positions].to_dict("records"))}
     events: list[dict] = []
-    for i in range(len(merged)):
+    for i in range(len(scored)):
         family, ts = columns["family"][i], int(columns["ts"][i])
-        job = state.setdefault(f"{columns['cluster'][i]}/{columns['job_id'][i]}", {})
+        job = state.setdefault(jobs[columns["_job"][i]], {})
         job["_last_ts"] = max(job.get("_last_ts", 0), ts)
-        entity = job.setdefault(f"{family}/{columns['_vertex'][i]}", {"scores": [], "recent": [], "open": None})
+        entity = job.setdefault(entities[columns["_entity"][i]], {"scores": [], "recent": [], "open": None})
         entity["scores"] = (entity["scores"] + [float(columns["score"][i])])[-rules[family].n:]
         recent = columns.get(RECENT_COLUMNS.get(family))
         if recent is not None and _clean(recent[i]) is not None:
@@ -152,8 +241,9 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
         if not holds and entity["open"] is None:
             continue  # nothing can change: the full record is not needed
-        # NaN is the only value unequal to itself: the cheap test, on every column.
-        record = {name: (v if v == v else None) for name, values in columns.items() for v in (values[i],)}
+        record = {**records[columns["_row"][i]], "row": columns["_row"][i], "family": family,
+                  "score": columns["score"][i], "model_name": columns["model_name"][i],
+                  "model_version": columns["model_version"][i], "model_alias": columns["model_alias"][i]}
         forecast = ev.leak_forecast(record, job_settings.state_limit_bytes) if family == STATE_LEAK else None
         if holds and (family in EXPLAINED_BY or family in ONE_PER_JOB):
             cause = _open_cause(job, family, record.get("vertex_id"))
@@ -165,40 +255,67 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         events.extend(changes)
         if any(e["event"] == "opened" for e in changes):
             events.extend(_supersede(job, family, entity, record, settings))
-    events.extend(_terminal(state, rows))
-    _forget_silent_jobs(state, int(merged["ts"].max()), settings.forget_after_ms)
     return events
 
 
-def _decisions(state: dict, merged: pd.DataFrame, rules: Mapping[str, PostRule], settings: PolicySettings) -> np.ndarray:
+def _remember(state: dict, scored: pd.DataFrame, rules: Mapping[str, PostRule]) -> None:
+    """Extend the score and evidence history of entities nothing happened to (their last ``n``
+    scores, their last recent values), and each job's latest event time."""
+    if scored.empty:
+        return
+    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    for code, ts in scored.groupby("_job", sort=False)["ts"].max().items():
+        job = state.setdefault(jobs[code], {})
+        job["_last_ts"] = max(job.get("_last_ts", 0), int(ts))
+    entity = scored["_entity"].to_numpy()
+    order = np.argsort(entity, kind="stable")  # each entity's rows together, in event-time order
+    bounds = np.flatnonzero(np.r_[True, entity[order][1:] != entity[order][:-1], True]).tolist()
+    families, job_codes = scored["family"].to_numpy()[order], scored["_job"].to_numpy()[order]
+    scores = scored["score"].to_numpy(dtype="float64")[order].tolist()
+    recent_values = {column: scored[column].to_numpy(dtype="float64")[order] for column in set(RECENT_COLUMNS.values())
+                     if column in scored}
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        family = families[start]
+        record = state[jobs[job_codes[start]]].setdefault(entities[entity[order[start]]],
+                                                           {"scores": [], "recent": [], "open": None})
+        n = rules[family].n
+        record["scores"] = (record["scores"] + scores[max(start, end - n):end])[-n:]
+        column = recent_values.get(RECENT_COLUMNS.get(family))
+        if column is not None:
+            values = column[start:end]
+            fresh = values[~np.isnan(values)].tolist()
+            if fresh:
+                record["recent"] = (record["recent"] + fresh)[-RECENT_VALUES:]
+
+
+def _decisions(state: dict, scored: pd.DataFrame, rules: Mapping[str, PostRule], settings: PolicySettings) -> np.ndarray:
     """Each row's post-rule decision, one vectorised call per family: every entity continues the
     persistence count from the scores the state kept of it; each job gets its own warm-up
     horizon, and a configured state limit shortens the leak's ETA to its limit."""
-    decided = np.zeros(len(merged), dtype=bool)
-    for family, part in merged.groupby("family", sort=False):
-        history = {}
-        for cluster, job_id, vertex in part[["cluster", "job_id", "_vertex"]].drop_duplicates().itertuples(index=False):
-            entity = state.get(f"{cluster}/{job_id}", {}).get(f"{family}/{vertex}")
-            if entity and entity["scores"]:
-                history[(cluster, job_id, vertex)] = entity["scores"]
-        jobs = part["job_name"].map(lambda name: settings.for_job(name))
-        horizon = jobs.map(lambda s: s.warmup_horizon_s).to_numpy(dtype="float64")
-        if family == STATE_LEAK:
-            limits = jobs.map(lambda s: s.state_limit_bytes).to_numpy(dtype="float64")
-            own = part["limit_eta_s"].to_numpy(dtype="float64") if "limit_eta_s" in part else np.full(len(part), np.nan)
-            part = part.assign(limit_eta_s=np.fmin(own, ev.configured_limit_eta_s(part, limits)))
-        decided[part.index] = rules[family].decisions(part.assign(vertex_id=part["_vertex"]), horizon_s=horizon,
-                                                      history=history).to_numpy()
+    decided = np.zeros(len(scored), dtype=bool)
+    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
+    for family, part in scored.groupby("family", sort=False):
+        rule = rules[family]
+        entity = part["_entity"].to_numpy()
+        past_group, past_scores = [], []
+        first = np.unique(entity, return_index=True)[1]
+        for code, job_code in zip(entity[first].tolist(), part["_job"].to_numpy()[first].tolist()):
+            kept = state.get(jobs[job_code], {}).get(entities[code], {}).get("scores", [])[-rule.n:]
+            past_group += [code] * len(kept)
+            past_scores += kept
+        names = part["job_name"]
+        horizon = names.map(lambda name: job_settings[name].warmup_horizon_s).to_numpy(dtype="float64")
+        columns = {name: (part[name].to_numpy(dtype="float64") if name in part else np.full(len(part), np.nan))
+                   for name in rule.guard_columns()}
+        if family == STATE_LEAK and "limit_eta_s" in columns:
+            limits = names.map(lambda name: job_settings[name].state_limit_bytes).to_numpy(dtype="float64")
+            columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], ev.configured_limit_eta_s(part, limits))
+        decided[part.index] = rule.decide_rows(entity, part["score"].to_numpy(dtype="float64"),
+                                               part["ts"].to_numpy(dtype="float64"), columns, horizon,
+                                               np.asarray(past_group, dtype=np.int64),
+                                               np.asarray(past_scores, dtype="float64"))
     return decided
-
-
-def _forget_silent_jobs(state: dict, now_ts: int, forget_after_ms: int) -> None:
-    """Keep the state bounded by live jobs, as the feature state is: a job silent for the idle
-    timeout with no incident open is forgotten (its next event starts it afresh)."""
-    for job_key in [k for k, job in state.items()
-                    if job.get("_last_ts", now_ts) < now_ts - forget_after_ms
-                    and not any(isinstance(e, dict) and e.get("open") for e in job.values())]:
-        del state[job_key]
 
 
 def _entities(job: dict):

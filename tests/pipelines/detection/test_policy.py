@@ -228,15 +228,27 @@ def test_operator_knowledge_per_job_overrides_the_defaults():
     assert muted.for_job("payments").warmup_horizon_s == 1.0
 
 
-def test_silent_jobs_with_nothing_open_are_forgotten():
+def test_a_job_back_after_the_idle_timeout_starts_afresh_unless_an_incident_is_open():
+    """A job silent past the idle timeout (30 minutes) keeps no score history into its new run,
+    as its features start afresh; judged on its own event time, whatever other jobs the batch holds."""
     state: dict = {}
-    quiet_rows, quiet_scores = rows_and_scores([(0, 0.1)], job="quiet")
+    quiet_rows, quiet_scores = rows_and_scores([(0, 0.9)], job="quiet")
     step(state, quiet_rows, quiet_scores, RULES, SETTINGS)
     leaky_rows, leaky_scores = rows_and_scores([(0, 0.9), (1, 0.9)], job="leaky")
     step(state, leaky_rows, leaky_scores, RULES, SETTINGS)
-    later_rows, later_scores = rows_and_scores([(45, 0.1)], job="other")
-    step(state, later_rows, later_scores, RULES, SETTINGS)  # 45 minutes on: past the 30-minute idle timeout
-    assert sorted(state) == ["c/leaky", "c/other"]  # the leaky job keeps its open incident
+    other_rows, other_scores = rows_and_scores([(45, 0.1)], job="other")
+    step(state, other_rows, other_scores, RULES, SETTINGS)  # another job far on: nobody is forgotten for it
+    assert sorted(state) == ["c/leaky", "c/other", "c/quiet"]
+    # The quiet job's one high score would make two of three with a new one, within the idle timeout...
+    soon = copy.deepcopy(state)
+    assert [e["event"] for e in step(soon, *rows_and_scores([(20, 0.9)], job="quiet"), RULES, SETTINGS)] == ["opened"]
+    # ...but 45 minutes on, it is a new run: its first high score alone opens nothing.
+    assert step(state, *rows_and_scores([(45, 0.9)], job="quiet"), RULES, SETTINGS) == []
+    assert state["c/quiet"]["state_leak/v1"]["scores"] == [0.9]
+    # The leaky job's open incident survives the silence with its scores (two of the last three
+    # are still high at minute 45), and its rows resolve it in time.
+    later = step(state, *rows_and_scores([(45, 0.1), (46, 0.1), (57, 0.1)], job="leaky"), RULES, SETTINGS)
+    assert [(e["event"], e["updated_at"] // MIN) for e in later] == [("resolved", 57)]
 
 
 def test_runs_are_judged_by_family_place_and_time_and_a_symptom_counts_as_found():
