@@ -1,11 +1,20 @@
 """The feature computation: one small, bounded state machine per Flink job.
 
-:class:`JobFeatureState` consumes a job's input events in event-time order and, at each
+:class:`JobFeatureState` consumes a job's input events in the order they arrived and, at each
 evaluation point (a checkpoint or a job-status poll), returns feature rows named as in
 ``feature_store/definitions.py``. It is plain Python with JSON-serialisable state, so the very
-same code runs in the batch path (``applyInPandas`` over a sorted history) and in the streaming
-path (``transformWithState``, its state stored as one JSON value per job): that is what
-makes offline and online features equal, not two implementations kept in step.
+same code runs in the batch path (``applyInPandas`` over a recorded history, in its order) and in
+the streaming path (``transformWithState``, its state stored with the job's other state): that
+is what makes offline and online features equal, not two implementations kept in step.
+
+**Order.** A job's events come in *streams* that are each in order at the source: its
+checkpoints, its status polls, each vertex's metric samples. The streams interleave loosely: a
+collector reports a checkpoint at its next poll, after vertex samples taken later (measured on
+the lab's real Flink: every checkpoint arrives 2.6-5 s behind the job's latest event with a 5 s
+poll). So an event is used as it arrives unless it is *late*: not after the last event of its own
+stream (a duplicate delivery, or a reordering), more than the allowed lateness behind the job's
+latest event, or older than the end of a finished job. Nothing waits for stragglers, and the
+same arrival order gives the same features in a replay.
 
 Memory is bounded per job: the last few checkpoints, a thinned long horizon, the last few polls
 per vertex. A job idle for longer than ``idle_timeout_ms`` (event time) starts afresh, and a
@@ -14,11 +23,10 @@ finished or cancelled job is dropped, so state grows with live jobs, never with 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
@@ -33,7 +41,8 @@ from feature_store.definitions import (
     VERTEX_FEATURES,
 )
 
-KIND_RANK = {"vertex_metrics": 0, "checkpoint": 1, "job_status": 2}  # polls update before they are evaluated
+# The order of one poll's events when they share a timestamp: samples before the evaluations that read them.
+KIND_RANK = {"vertex_metrics": 0, "checkpoint": 1, "job_status": 2}
 TERMINAL_STATES = {"FINISHED", "CANCELED", "FAILED"}
 # Checkpoints a stopping job aborts (cancel, suspend, failover of the JobManager): not a failure
 # of the job's checkpointing, so they are not counted as one.
@@ -42,15 +51,26 @@ JOB = "job"  # the key of job-level entries in per-vertex maps
 LONG_BUFFER_POINTS = 240
 HEAP_POLLS = 20
 DEFAULT_IDLE_TIMEOUT_MS = 30 * 60_000
+DEFAULT_LATENESS_MS = 10_000
+RECENT_CHECKPOINT_IDS = 32  # what a duplicate checkpoint is recognised by (older ones are late anyway)
+LATE, OUT_OF_ORDER = "late", "out_of_order"  # why an event is not used
 
 
-def event_order_key(event: dict) -> tuple[int, int, str]:
-    """Total order of a job's events: event time, then kind, then content (a stable tie-break)."""
-    return (int(event["ts"]), KIND_RANK.get(event["kind"], 3), content_hash(event))
+def time_order(event: dict) -> tuple[int, int]:
+    """Event time, then the kind's place in a poll: how a recording is sorted when its arrival
+    order is not known (the simulator's and the lab's datasets)."""
+    return int(event["ts"]), KIND_RANK.get(event["kind"], 3)
 
 
-def content_hash(event: dict) -> str:
-    return hashlib.blake2b(json.dumps(event, sort_keys=True).encode(), digest_size=8).hexdigest()
+def stream_position(event: dict) -> tuple[str, int]:
+    """The stream an event belongs to, and its place in it: event time, or for a checkpoint its
+    id (concurrent checkpoints may finish out of id order, and several at the same millisecond)."""
+    kind = event["kind"]
+    if kind == "checkpoint":
+        return kind, int(event["checkpoint_id"])
+    if kind == "vertex_metrics":
+        return f"vertex/{event['vertex_id']}", int(event["ts"])
+    return kind, int(event["ts"])
 
 
 # --- small statistics, pure Python (n <= 240) ------------------------------------------------------
@@ -77,12 +97,25 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] 
 
 def relative_trend(points: Sequence[Sequence[float]]) -> tuple[float | None, float | None]:
     """(slope per hour over the mean, R^2) of ``[(ts_ms, value), ...]``; Nones when not computable."""
-    points = [p for p in points if p[1] is not None]
-    fit = linear_fit([p[0] / 3_600_000.0 for p in points], [p[1] for p in points])
-    if fit is None:
+    xs, ys = [], []
+    for point in points:  # the fit of linear_fit, inlined: this runs several times per vertex and evaluation
+        if point[1] is not None:
+            xs.append(point[0] / 3_600_000.0)
+            ys.append(point[1])
+    n = len(xs)
+    if n < 3:
         return None, None
-    mean = sum(p[1] for p in points) / len(points)
-    return (fit[0] / mean if mean > 0 else None), fit[1]
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sxy = syy = 0.0
+    for x, y in zip(xs, ys):
+        dx, dy = x - mx, y - my
+        sxx += dx * dx
+        sxy += dx * dy
+        syy += dy * dy
+    if sxx == 0:
+        return None, None
+    r2 = (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+    return (sxy / sxx / my if my > 0 else None), r2
 
 
 def deceleration(points: Sequence[Sequence[float]]) -> float | None:
@@ -180,8 +213,9 @@ class JobFeatureState:
     cluster: str = ""
     job_id: str = ""
     job_name: str = ""
-    last_seen_ts: int | None = None
-    last_key: list | None = None  # order key of the last consumed event
+    last_seen_ts: int | None = None  # of the event consumed last
+    latest_ts: int | None = None  # the latest event time consumed
+    streams: dict = field(default_factory=dict)  # stream: time of its last consumed event (checkpoints: recent ids)
     age_checkpoints: int = 0
     checkpoints: list = field(default_factory=list)  # [ts, failed, e2e_ms, persisted_inflight]
     completed: list = field(default_factory=list)  # last completed: [ts, total, checkpointed, {vid: [state, max_sub]}]
@@ -212,6 +246,14 @@ class JobFeatureState:
     # the front. Lists, not tuples, so a stamp read back from JSON compares equal.
     long_trend_cache: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Features of inputs unchanged since an earlier evaluation, in memory only: a checkpoint's
+        # evaluation reuses the vertex metrics' features of the last poll, a poll's the checkpoint
+        # history's. The counters say when a vertex's polls or the job's status last changed.
+        self._memo: dict = {}
+        self._poll_seq: dict = {}
+        self._status_seq = 0
+
     def _long_trends(self, key: str, points: list) -> list:
         stamp = [len(points), points[-1][0] if points else None, points[0][0] if points else None]
         cached = self.long_trend_cache.get(key)
@@ -223,7 +265,7 @@ class JobFeatureState:
 
     def to_dict(self) -> dict:
         """The state's fields (a cheap, shallow view for JSON)."""
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -235,23 +277,45 @@ class JobFeatureState:
     # --- consuming events ------------------------------------------------------------------------
 
     def is_idle_at(self, ts: int, idle_timeout_ms: int) -> bool:
-        return self.last_seen_ts is not None and ts - self.last_seen_ts > idle_timeout_ms
+        return self.latest_ts is not None and ts - self.latest_ts > idle_timeout_ms
+
+    def _starts_afresh(self, ts: int, idle_timeout_ms: int) -> bool:
+        """The job went away and came back (silent for the idle timeout, or a new run after it ended)."""
+        return self.is_idle_at(ts, idle_timeout_ms) or (self.terminated and ts > self.latest_ts)
+
+    def refusal(self, event: dict, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+                lateness_ms: int = DEFAULT_LATENESS_MS) -> str | None:
+        """Why the job cannot use ``event`` now (:data:`LATE` or :data:`OUT_OF_ORDER`), or None."""
+        if self.latest_ts is None:
+            return None
+        ts = int(event["ts"])
+        if self._starts_afresh(ts, idle_timeout_ms):
+            return None
+        if self.terminated or ts < self.latest_ts - lateness_ms:
+            return LATE
+        stream, position = stream_position(event)
+        last = self.streams.get(stream)
+        if stream == "checkpoint":
+            return OUT_OF_ORDER if last is not None and position in last else None
+        return OUT_OF_ORDER if last is not None and position <= last else None
 
     def consume(self, event: dict, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
-                order_key: tuple | None = None) -> list[dict] | None:
-        """Apply one event; return the feature rows it triggers (none for vertex metrics).
-
-        Events must come in :func:`event_order_key` order; one at or before the last consumed
-        (a duplicate delivery, or out of order) is ignored and reported by returning ``None``.
-        """
-        key = list(order_key or event_order_key(event))
-        if self.last_key is not None and key <= self.last_key:
+                lateness_ms: int = DEFAULT_LATENESS_MS) -> list[dict] | None:
+        """Apply one event (in arrival order); return the feature rows it triggers (none for
+        vertex metrics), or None for an event the job cannot use (see :meth:`refusal`)."""
+        if self.refusal(event, idle_timeout_ms, lateness_ms) is not None:
             return None
-        ts = key[0]
-        if self.is_idle_at(ts, idle_timeout_ms) or self.terminated:
-            self.__init__()  # type: ignore[misc]  # the job went away and came back: start afresh
+        ts = int(event["ts"])
+        if self.latest_ts is not None and self._starts_afresh(ts, idle_timeout_ms):
+            self.__init__()  # type: ignore[misc]
         self.cluster, self.job_id, self.job_name = event["cluster"], event["job_id"], event.get("job_name", "")
-        self.last_seen_ts, self.last_key = ts, key
+        stream, position = stream_position(event)
+        if stream == "checkpoint":
+            self.streams[stream] = (self.streams.get(stream, []) + [position])[-RECENT_CHECKPOINT_IDS:]
+        else:
+            self.streams[stream] = position
+        self.last_seen_ts = ts
+        self.latest_ts = ts if self.latest_ts is None else max(self.latest_ts, ts)
         if self.first_seen_ts is None:
             self.first_seen_ts = ts
         kind = event["kind"]
@@ -266,12 +330,12 @@ class JobFeatureState:
             return []
         return self.evaluate(ts, kind)
 
-    def consume_all(self, events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> list[dict]:
-        """Consume events in event-time order (sorting them first); the feature rows they trigger."""
+    def consume_all(self, events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+                    lateness_ms: int = DEFAULT_LATENESS_MS) -> list[dict]:
+        """Consume events in the order given (their arrival order); the feature rows they trigger."""
         rows: list[dict] = []
-        # The order key hashes the event's JSON for ties: computed once per event.
-        for order_key, event in sorted(((event_order_key(e), e) for e in events), key=lambda pair: pair[0]):
-            produced = self.consume(event, idle_timeout_ms, order_key)
+        for event in events:
+            produced = self.consume(event, idle_timeout_ms, lateness_ms)
             if produced:
                 rows.extend(produced)
         return rows
@@ -290,6 +354,7 @@ class JobFeatureState:
         history = self.polls.setdefault(vid, [])
         history.append(entry)
         del history[:-METRIC_POLLS_AVERAGED]
+        self._poll_seq[vid] = self._poll_seq.get(vid, 0) + 1
 
     def _checkpoint(self, event: dict) -> None:
         ts = int(event["ts"])
@@ -348,6 +413,7 @@ class JobFeatureState:
 
     def _job_status(self, event: dict) -> None:
         ts = int(event["ts"])
+        self._status_seq += 1
         self.status = {k: event.get(k) for k in (
             "state", "checkpoint_interval_ms", "checkpoint_timeout_ms", "max_state_size_bytes",
             "checkpoints_in_progress", "jm_heap_used_bytes", "jm_heap_max_bytes")}
@@ -404,15 +470,39 @@ class JobFeatureState:
                 "last_failure_message": self.last_failure[1] if self.last_failure else None}
         job = self._job_features()
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **dict.fromkeys(VERTEX_FEATURES)}]
-        vertex_bp = {vid: _mean(p[3] for p in polls) for vid, polls in self.polls.items()}
-        vertex_bp_max = {vid: _mean(p[2] for p in polls) for vid, polls in self.polls.items()}
-        busy = {vid: _mean(p[0] for p in polls) for vid, polls in self.polls.items()}
+        polled = {vid: self._memoised(("polls", vid), self._poll_seq.get(vid, 0), self._poll_features, vid)
+                  for vid in self.polls}
+        busy = {vid: p["busy_max"] for vid, p in polled.items()}
         busiest = max((v for v in busy if busy[v] is not None), key=lambda v: busy[v], default=None)
+        checkpoint_version = (self.age_checkpoints, self._limit())
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
+            f = {**self._memoised(("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid),
+                 **polled.get(vid, NO_POLLS)}
+            for name in ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean"):
+                f[name] = _ratio(f[name])  # ms/s in ``polled``, where vertices are compared
+            others = [p["backpressured_mean"] for other, p in polled.items()
+                      if other != vid and p["backpressured_mean"] is not None]
+            f["downstream_of_backpressure"] = (f["busy_max"] * max(others) / 1000.0
+                                               if f["busy_max"] is not None and others else None)
+            others_max = [p["backpressured_max"] for other, p in polled.items()
+                          if other != vid and p["backpressured_max"] is not None]
+            f["others_backpressured_max"] = max(others_max) / 1000.0 if others_max else None
+            f["is_busiest_vertex"] = (1.0 if busiest == vid else 0.0) if busiest is not None else None
+            hot_records, hot_state = f.pop("_hot_records"), f.pop("_hot_state")
+            records_skew, state_skew = f["records_in_max_over_mean"] or 0.0, f["state_max_over_mean"] or 0.0
+            hot = hot_records if records_skew >= state_skew else hot_state
+            f["hot_subtask"] = hot if hot is not None else (hot_state if hot_state is not None else None)
             rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job,
-                         **self._vertex_features(vid, vertex_bp, vertex_bp_max, busy, busiest)})
+                         **{k: (None if v is None else float(v)) for k, v in f.items()}})
         return rows
+
+    def _memoised(self, key: tuple, version: Any, compute: Callable[[str], dict], argument: str) -> dict:
+        """``compute(argument)``, again only when ``version`` (of its inputs) moved since the last call."""
+        hit = self._memo.get(key)
+        if hit is None or hit[0] != version:
+            hit = self._memo[key] = (version, compute(argument))
+        return hit[1]
 
     def _limit(self) -> float | None:
         limit = self.status.get("max_state_size_bytes")
@@ -423,6 +513,22 @@ class JobFeatureState:
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
                              "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
                              "checkpoint_interval_ms": self.status.get("checkpoint_interval_ms")}
+        f.update(self._memoised(("checkpoints", JOB), (self.age_checkpoints, self._limit()),
+                                self._job_checkpoint_features, JOB))
+        f.update(self._memoised(("status", JOB), self._status_seq, self._job_status_features, JOB))
+        fit = f.pop("_state_fit")
+        input_rate = self._input_rate()
+        f["state_growth_bytes_per_record"] = fit[0] / input_rate if fit and input_rate else None
+        cps = self.checkpoints
+        latest_e2e = cps[-1][2] if cps else None
+        interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
+        f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
+        f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
+        return {k: (None if v is None else float(v)) for k, v in f.items()}
+
+    def _job_checkpoint_features(self, _: str) -> dict[str, Any]:
+        """The job features of its checkpoint history (and the state limit)."""
+        f: dict[str, Any] = {}
         short = [[e[0], e[1]] for e in self.completed]
         long = [[e[0], e[1]] for e in self.completed_long]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
@@ -433,9 +539,7 @@ class JobFeatureState:
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
-        fit = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
-        input_rate = self._input_rate()
-        f["state_growth_bytes_per_record"] = fit[0] / input_rate if fit and input_rate else None
+        f["_state_fit"] = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
         limit = self._limit()
         largest = [[e[0], _max(v[1] for v in e[3].values())] for e in self.completed]
         current = largest[-1][1] if largest else None
@@ -457,20 +561,20 @@ class JobFeatureState:
                 break
             consecutive += 1
         f["checkpoint_consecutive_failures"] = float(consecutive) if cps else None
-        latest_e2e = cps[-1][2] if cps else None
-        interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
-        f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
-        f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
         f["checkpoint_duration_rel_slope_per_h"], _ = relative_trend([[c[0], c[2]] for c in cps])
-        f["checkpoints_in_progress"] = self.status.get("checkpoints_in_progress")
+        f["persisted_inflight_bytes"] = cps[-1][3] if cps else None
+        f["persisted_inflight_rel_slope_per_h"], _ = relative_trend([[c[0], c[3]] for c in cps])
+        return f
+
+    def _job_status_features(self, _: str) -> dict[str, Any]:
+        """The job features of its status polls."""
+        f: dict[str, Any] = {"checkpoints_in_progress": self.status.get("checkpoints_in_progress")}
         f["restarts_in_window"] = float(self.restarts[-1][1] - min(r[1] for r in self.restarts)) if self.restarts else None
         counts = self.failed_counts
         f["checkpoint_failures_counted"] = float(max(0, counts[-1][1] - counts[0][1])) if counts else None
         f["jm_heap_ratio"] = self.heap[-1][1] if self.heap else None
         f["jm_heap_rel_slope_per_h"], _ = relative_trend(self.heap)
-        f["persisted_inflight_bytes"] = cps[-1][3] if cps else None
-        f["persisted_inflight_rel_slope_per_h"], _ = relative_trend([[c[0], c[3]] for c in cps])
-        return {k: (None if v is None else float(v)) for k, v in f.items()}
+        return f
 
     def _input_rate(self) -> float | None:
         """The job's throughput: the largest total input rate of any vertex (records/s)."""
@@ -481,8 +585,8 @@ class JobFeatureState:
                 totals.append(sum(r for r in latest if r is not None))
         return max(totals) if totals else None
 
-    def _vertex_features(self, vid: str, vertex_bp: dict, vertex_bp_max: dict, busy: dict,
-                         busiest: str | None) -> dict[str, Any]:
+    def _vertex_checkpoint_features(self, vid: str) -> dict[str, Any]:
+        """A vertex's features of the job's checkpoint history (and the state limit)."""
         f: dict[str, Any] = {}
         short = [[e[0], e[3][vid][0]] for e in self.completed if vid in e[3]]
         long = [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]]
@@ -495,49 +599,49 @@ class JobFeatureState:
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None
-        polls = self.polls.get(vid, [])
-        f["busy_max"] = _ratio(_mean(p[0] for p in polls))
-        f["busy_mean"] = _ratio(_mean(p[1] for p in polls))
-        f["backpressured_max"] = _ratio(_mean(p[2] for p in polls))
-        f["backpressured_mean"] = _ratio(_mean(p[3] for p in polls))
-        f["idle_mean"] = _ratio(_mean(p[4] for p in polls))
-        others = [bp for other, bp in vertex_bp.items() if other != vid and bp is not None]
-        f["downstream_of_backpressure"] = (f["busy_max"] * max(others) / 1000.0
-                                           if f["busy_max"] is not None and others else None)
-        others_max = [bp for other, bp in vertex_bp_max.items() if other != vid and bp is not None]
-        f["others_backpressured_max"] = max(others_max) / 1000.0 if others_max else None
-        f["is_busiest_vertex"] = (1.0 if busiest == vid else 0.0) if busiest is not None else None
-        f["in_pool_max"] = _mean(p[5] for p in polls)
-        f["out_pool_max"] = _mean(p[6] for p in polls)
         detail = self.vertex_checkpoint.get(vid, {})
         f["start_delay_max_ms"] = _max(detail.get("delays", []))
         f["alignment_max_ms"] = _max(detail.get("alignments", []))
         waits = self.barrier_waits.get(vid, [])
         f["start_delay_rel_slope_per_h"], _ = relative_trend([[w[0], w[1]] for w in waits])
         f["alignment_rel_slope_per_h"], _ = relative_trend([[w[0], w[2]] for w in waits])
-        records = [_mean(p[7][k] if k < len(p[7]) else None for p in polls)
-                   for k in range(max((len(p[7]) for p in polls), default=0))]
-        f["records_in_max_over_mean"], f["records_in_cv"], hot_records = _spread(records)
-        f["state_max_over_mean"], f["state_cv"], hot_state = _spread(detail.get("states", []))
-        f["records_in_hot_excess"] = hot_excess(records)
+        f["state_max_over_mean"], f["state_cv"], f["_hot_state"] = _spread(detail.get("states", []))
         f["state_hot_excess"] = hot_excess(detail.get("states", []))
         delays = [d for d in detail.get("delays", []) if d is not None]
         median = sorted(delays)[len(delays) // 2] if delays else None
         f["start_delay_max_over_median"] = max(delays) / max(median, 1.0) if delays and len(delays) >= 2 else None
-        records_skew, state_skew = f["records_in_max_over_mean"] or 0.0, f["state_max_over_mean"] or 0.0
-        hot = hot_records if records_skew >= state_skew else hot_state
-        f["hot_subtask"] = hot if hot is not None else (hot_state if hot_state is not None else None)
-        f["busy_reported"] = (1.0 if polls and polls[-1][0] is not None else 0.0) if polls else None
         f["state_reported"] = (1.0 if any(s is not None for s in detail.get("states", [])) else 0.0) if detail else None
-        return {k: (None if v is None else float(v)) for k, v in f.items()}
+        return f
+
+    def _poll_features(self, vid: str) -> dict[str, Any]:
+        """A vertex's features of its metric polls; busy and backpressured times still in ms/s."""
+        polls = self.polls.get(vid, [])
+        f: dict[str, Any] = {"busy_max": _mean(p[0] for p in polls), "busy_mean": _mean(p[1] for p in polls),
+                             "backpressured_max": _mean(p[2] for p in polls),
+                             "backpressured_mean": _mean(p[3] for p in polls), "idle_mean": _mean(p[4] for p in polls),
+                             "in_pool_max": _mean(p[5] for p in polls), "out_pool_max": _mean(p[6] for p in polls)}
+        records = [_mean(p[7][k] if k < len(p[7]) else None for p in polls)
+                   for k in range(max((len(p[7]) for p in polls), default=0))]
+        f["records_in_max_over_mean"], f["records_in_cv"], f["_hot_records"] = _spread(records)
+        f["records_in_hot_excess"] = hot_excess(records)
+        f["busy_reported"] = (1.0 if polls and polls[-1][0] is not None else 0.0) if polls else None
+        return f
 
 
-def features_for_events(events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS) -> list[dict]:
-    """The batch definition: every job's events in order through its own state machine."""
+# The poll features of a vertex never polled (it shows only in checkpoints).
+NO_POLLS: dict[str, Any] = {"busy_max": None, "busy_mean": None, "backpressured_max": None, "backpressured_mean": None,
+                            "idle_mean": None, "in_pool_max": None, "out_pool_max": None,
+                            "records_in_max_over_mean": None, "records_in_cv": None, "_hot_records": None,
+                            "records_in_hot_excess": None, "busy_reported": None}
+
+
+def features_for_events(events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+                        lateness_ms: int = DEFAULT_LATENESS_MS) -> list[dict]:
+    """The batch definition: every job's events, in the order given, through its own state machine."""
     by_job: dict[tuple[str, str], list[dict]] = {}
     for event in events:
         by_job.setdefault((event["cluster"], event["job_id"]), []).append(event)
     rows: list[dict] = []
     for _, job_events in sorted(by_job.items()):
-        rows.extend(JobFeatureState().consume_all(job_events, idle_timeout_ms))
+        rows.extend(JobFeatureState().consume_all(job_events, idle_timeout_ms, lateness_ms))
     return rows

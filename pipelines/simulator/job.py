@@ -34,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
+from feature_store.job_features import time_order
 from pipelines.contracts import SCHEMA_VERSION
 
 METRIC_FIELDS = ("busy_time_ms_per_s", "backpressured_time_ms_per_s", "idle_time_ms_per_s", "records_in_per_s",
@@ -582,7 +583,8 @@ class JobSimulation:
                 next_poll += spec.poll_interval_ms
             t += step
         events = [e for e in events if e["ts"] <= self.start_ts + duration_ms]
-        events.sort(key=lambda e: (e["ts"], e["kind"]))
+        # As a collector publishes a poll: the samples before the evaluations that read them.
+        events.sort(key=time_order)
         return events
 
 

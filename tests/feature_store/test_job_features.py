@@ -179,6 +179,36 @@ def test_duplicates_and_out_of_order_events_are_not_consumed_twice():
     assert state.age_checkpoints == 2
 
 
+def test_events_are_used_as_they_arrive_unless_late_for_their_stream_or_their_job():
+    """A collector reports a checkpoint at its next poll, after vertex samples taken later: it is
+    used all the same, within the allowed lateness of the job's latest event."""
+    from feature_store.job_features import LATE, OUT_OF_ORDER
+
+    state = JobFeatureState()
+    state.consume(status(T0))
+    state.consume(poll(T0 + 5_000, V1, "Window", [500, 500], [0, 0]))
+    behind = checkpoint(T0 + 2_000, 100)  # acknowledged before the sample, reported after it
+    assert state.refusal(behind, lateness_ms=10_000) is None
+    (job_row, vertex_row) = state.consume(behind, lateness_ms=10_000)
+    assert job_row["ts"] == T0 + 2_000 and job_row["state_size_bytes"] == 100
+    assert vertex_row["busy_max"] == 0.5  # the sample that arrived first is known at the checkpoint
+    # Two checkpoints failing at the same millisecond, reported highest id first: both count.
+    a, b = ({**checkpoint(T0 + 6_000, 0, "FAILED"), "checkpoint_id": i} for i in (7, 8))
+    assert state.consume(b, lateness_ms=10_000) and state.consume(a, lateness_ms=10_000)
+    assert state.consume(a, lateness_ms=10_000) is None  # delivered twice
+    # Further behind the job's latest event than the allowed lateness: late, not used.
+    stale = checkpoint(T0 - 20_000, 50)
+    assert state.refusal(stale, lateness_ms=10_000) == LATE and state.consume(stale, lateness_ms=10_000) is None
+    # A vertex's samples come in order: an older one is out of order, even within the lateness.
+    older = poll(T0 + 4_000, V1, "Window", [900, 900], [0, 0])
+    assert state.refusal(older, lateness_ms=10_000) == OUT_OF_ORDER
+    assert state.age_checkpoints == 3
+    # After the job ended, what is reported about its past is late; a later event is a new run.
+    state.consume(status(T0 + 8_000, state="FINISHED"))
+    assert state.refusal(checkpoint(T0 + 7_000, 100)) == LATE
+    assert state.consume(status(T0 + 60_000))[0]["job_age_checkpoints"] == 0
+
+
 def test_an_idle_or_finished_job_starts_afresh():
     state = JobFeatureState()
     state.consume(checkpoint(T0, 100))
