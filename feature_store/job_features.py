@@ -17,8 +17,9 @@ latest event, or older than the end of a finished job. Nothing waits for straggl
 same arrival order gives the same features in a replay.
 
 Memory is bounded per job: the last few checkpoints, a thinned long horizon, the last few polls
-per vertex. A job idle for longer than ``idle_timeout_ms`` (event time) starts afresh, and a
-finished or cancelled job is dropped, so state grows with live jobs, never with jobs ever seen.
+per vertex. A job idle for longer than ``idle_timeout_ms`` (event time) starts afresh, and so does
+a job seen again after it finished (a new run); the live job forgets idle jobs (see
+:mod:`pipelines.detection.processor`), so state grows with live jobs, never with jobs ever seen.
 """
 
 from __future__ import annotations
@@ -218,7 +219,7 @@ class JobFeatureState:
     streams: dict = field(default_factory=dict)  # stream: time of its last consumed event (checkpoints: recent ids)
     age_checkpoints: int = 0
     checkpoints: list = field(default_factory=list)  # [ts, failed, e2e_ms, persisted_inflight]
-    completed: list = field(default_factory=list)  # last completed: [ts, total, checkpointed, {vid: [state, max_sub]}]
+    completed: list = field(default_factory=list)  # last completed: [ts, total, checkpointed, {vid: [state, max_sub]}, max_sub]
     completed_long: list = field(default_factory=list)  # thinned over LONG_WINDOW_MS, same entries
     vertex_names: dict = field(default_factory=dict)
     vertex_checkpoint: dict = field(default_factory=dict)  # vid: {states, delays, alignments}
@@ -254,11 +255,15 @@ class JobFeatureState:
         self._poll_seq: dict = {}
         self._status_seq = 0
 
-    def _long_trends(self, key: str, points: list) -> list:
-        stamp = [len(points), points[-1][0] if points else None, points[0][0] if points else None]
+    def _long_trends(self, key: str, series: Callable[[], list]) -> list:
+        """The long-horizon trends of ``series()`` (a series of ``completed_long``), fitted again
+        only when that buffer changed: its stamp (length, first and last time) names its content
+        exactly, as entries are only appended later in time or dropped from the front."""
+        buffer = self.completed_long
+        stamp = [len(buffer), buffer[-1][0] if buffer else None, buffer[0][0] if buffer else None]
         cached = self.long_trend_cache.get(key)
         if cached is None or cached[0] != stamp:
-            cached = self.long_trend_cache[key] = [stamp, list(long_trends(points))]
+            cached = self.long_trend_cache[key] = [stamp, list(long_trends(series()))]
         return cached[1]
 
     # --- persistence ---------------------------------------------------------------------------
@@ -389,7 +394,8 @@ class JobFeatureState:
                 per_vertex[vid] = [vertex.get("state_size_bytes"), _max(states)]
         if failed:
             return
-        entry = [ts, event["state_size_bytes"], event["checkpointed_size_bytes"], per_vertex]
+        entry = [ts, event["state_size_bytes"], event["checkpointed_size_bytes"], per_vertex,
+                 _max(sizes[1] for sizes in per_vertex.values())]
         self.completed.append(entry)
         for retired in self.completed[:-SHORT_WINDOW_CHECKPOINTS]:
             self._retire(JOB, retired[1])
@@ -530,10 +536,10 @@ class JobFeatureState:
         """The job features of its checkpoint history (and the state limit)."""
         f: dict[str, Any] = {}
         short = [[e[0], e[1]] for e in self.completed]
-        long = [[e[0], e[1]] for e in self.completed_long]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
         f["state_rel_slope_per_h"], f["state_r2"] = relative_trend(short)
-        f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(JOB, long)
+        f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(
+            JOB, lambda: [[e[0], e[1]] for e in self.completed_long])
         f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
         f["state_over_plateau"] = _over(f["state_size_bytes"], self.plateau.get(JOB))
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
@@ -541,7 +547,7 @@ class JobFeatureState:
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
         f["_state_fit"] = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
         limit = self._limit()
-        largest = [[e[0], _max(v[1] for v in e[3].values())] for e in self.completed]
+        largest = [[e[0], e[4]] for e in self.completed]
         current = largest[-1][1] if largest else None
         f["limit_ratio"] = current / limit if limit and current is not None else None
         f["limit_eta_s"] = None
@@ -589,13 +595,13 @@ class JobFeatureState:
         """A vertex's features of the job's checkpoint history (and the state limit)."""
         f: dict[str, Any] = {}
         short = [[e[0], e[3][vid][0]] for e in self.completed if vid in e[3]]
-        long = [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]]
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
         f["vertex_state_over_prior_max"] = _over(f["vertex_state_size_bytes"], self.retired_max.get(vid))
         f["vertex_state_over_plateau"] = _over(f["vertex_state_size_bytes"], self.plateau.get(vid))
         f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
         (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
-         f["vertex_state_deceleration"]) = self._long_trends(vid, long)
+         f["vertex_state_deceleration"]) = self._long_trends(
+            vid, lambda: [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]])
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None

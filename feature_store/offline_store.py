@@ -13,11 +13,13 @@ nothing from after the prediction time leaks into a training row.
 from __future__ import annotations
 
 import json
+from functools import reduce
 from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -46,20 +48,24 @@ def write_features(features: DataFrame, root: Root) -> None:
      .partitionBy("date").parquet(_spark_path(root)))
 
 
-def append_feature_log(rows: pd.DataFrame, root: Root, batch_id: int) -> None:
-    """The live job's feature log: one micro-batch's feature rows (late markers already dropped)
-    under ``root/date=YYYY-MM-DD/live-batch-<id>.parquet``; a re-run batch overwrites its own files."""
-    if rows.empty:
+def append_feature_log(rows: pd.DataFrame | pa.Table, root: Root, batch_id: int, part: int | None = None) -> None:
+    """The live job's feature log: one micro-batch's feature rows under
+    ``root/date=YYYY-MM-DD/live-batch-<id>[-<part>].parquet`` (``part``: the batch's partition,
+    for a writer per partition); a re-run batch overwrites its own files."""
+    if len(rows) == 0:
         return
     root = Location.of(root)
     schema = to_arrow_schema(feature_row_schema())
-    dates = pd.to_datetime(rows["ts"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
-    for date, part in rows.groupby(dates):
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pandas(rows.loc[:, schema.names], schema=schema,
+                                                                        preserve_index=False)
+    table = table.select(schema.names)
+    dates = pc.strftime(pc.cast(table["ts"], pa.timestamp("ms", tz="UTC")), format="%Y-%m-%d")
+    name = f"live-batch-{batch_id:012d}" + (f"-{part:05d}" if part is not None else "") + ".parquet"
+    for date in pc.unique(dates).to_pylist():
         folder = root / f"date={date}"
         folder.make_dirs()
-        filesystem, path = (folder / f"live-batch-{batch_id:012d}.parquet").arrow()
-        table = pa.Table.from_pandas(part.loc[:, schema.names], schema=schema, preserve_index=False)
-        pq.write_table(table, path, filesystem=filesystem)
+        filesystem, path = (folder / name).arrow()
+        pq.write_table(table.filter(pc.equal(dates, date)), path, filesystem=filesystem)
 
 
 def read_features(spark: SparkSession, root: Root, start_ts: int | None = None,
@@ -74,11 +80,17 @@ def read_features(spark: SparkSession, root: Root, start_ts: int | None = None,
 
 
 def read_event_files(spark: SparkSession, paths: Sequence[str | Path]) -> DataFrame:
-    """An event frame from JSON-lines files of input events (simulator, lab or recorded)."""
+    """An event frame from JSON-lines files of input events (simulator, lab or recorded), in the
+    order the files list them (a recording of the input topic is in arrival order)."""
     missing = [str(p) for p in paths if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"event files not found: {', '.join(missing)}")
-    return event_frame(spark.read.text([str(p) for p in paths]))
+    frames = []
+    for number, path in enumerate(paths):
+        # Within one file, monotonically increasing ids follow its lines: its splits are read in order.
+        lines = spark.read.text(str(path))
+        frames.append(event_frame(lines, order=F.lit(number).cast("long") * (1 << 42) + F.monotonically_increasing_id()))
+    return frames[0] if len(frames) == 1 else reduce(DataFrame.unionByName, frames)
 
 
 def backfill(spark: SparkSession, event_paths: Sequence[str | Path], root: Root,

@@ -220,8 +220,7 @@ def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
         job.await_termination(args.timeout, stop)
     finally:
         job.stop()
-    print(f"stopped: {job.processor.incidents_published} incident events, "
-          f"{job.dead_letter_processor.dead_letters} dead letters")
+    print(f"stopped: {job.sinks.incidents_published} incident events, {job.sinks.dead_letters} dead letters")
     return 0
 
 
@@ -229,16 +228,14 @@ def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from pipelines.detection.job import replay
+    from pipelines.detection.flink_job import replay
     from pipelines.detection.report import compare
-    from pipelines.spark_session import build_spark
 
     for path in args.inputs:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no such events file: {path}")
     cache = _require_champions(config)
-    spark = build_spark(config, "replay")
-    result = replay(spark, config, args.inputs, cache.models)
+    result = replay(config, args.inputs, cache.models)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(i) + "\n" for i in result.incidents))
@@ -261,14 +258,12 @@ def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
 
     from pipelines.datasets import subset
     from pipelines.detection.backtest import evaluate_dataset, write_report
-    from pipelines.spark_session import build_spark
 
     dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
     cache = _require_champions(config)
-    spark = build_spark(config, "evaluate")
     with tempfile.TemporaryDirectory() as tmp:
         chosen = subset(dataset, args.run, Path(tmp) / dataset.name) if args.run else dataset
-        evaluation = evaluate_dataset(spark, config, chosen, args.split, cache.models)
+        evaluation = evaluate_dataset(config, chosen, args.split, cache.models)
     for line in evaluation.run_lines() + [""] + evaluation.family_lines():
         print(line)
     out = Path(args.report) if args.report else Path(config.state_dir) / "reports" / f"evaluate-{dataset.name}-{args.split}"

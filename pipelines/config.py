@@ -288,12 +288,20 @@ class MlflowConfig(_Strict):
 class FeaturesConfig(_Strict):
     offline_path: StorageLocation | None = Field(None, description="Root of the Parquet offline store, a path or "
                                                                    "a URI (default <state_dir>/feature_store).")
-    lateness_s: float = Field(30.0, ge=0, description="How late (event time) an event may arrive and still count.")
+    lateness_s: float = Field(10.0, ge=0, description="How far behind its job's latest event (event time) an event "
+                                                     "may arrive and still be used; above the collector's poll "
+                                                     "interval, which is how late it reports a checkpoint. Nothing "
+                                                     "waits for it: events are used as they arrive.")
+    max_source_delay_s: float = Field(300.0, gt=0, description="How far behind the newest event of the whole input "
+                                                               "an event may arrive (clock skew, a collector behind "
+                                                               "the others) before Spark drops it; also how long "
+                                                               "after its idle timeout a silent job is forgotten.")
     idle_timeout_s: float = Field(1800.0, gt=0, description="A job silent this long (event time) is forgotten.")
 
     @property
-    def lateness(self) -> str:
-        return f"{int(self.lateness_s * 1000)} milliseconds"
+    def watermark_delay(self) -> str:
+        """Spark's watermark delay: the sources' delay, and never less than the allowed lateness."""
+        return f"{int(max(self.max_source_delay_s, self.lateness_s) * 1000)} milliseconds"
 
     @property
     def idle_timeout_ms(self) -> int:

@@ -149,17 +149,17 @@ LAB_BACKPRESSURE_RUN = "backpressure-severe-aligned-p2-r120"  # test split
 
 
 @pytest.fixture(scope="session")
-def lab_replay(spark, trained_store, tmp_path_factory):
+def lab_replay(trained_store, tmp_path_factory):
     """The three runs replayed with the session's champions: ``(event files, ReplayResult,
     {job_id: run_id})`` (the result's rows are the feature rows the live job would log)."""
     from pipelines.datasets import events_path, read_jsonl, subset
-    from pipelines.detection.job import replay
+    from pipelines.detection.flink_job import replay
     from pipelines.detection.scoring import ChampionCache
 
     dataset = subset(LAB_CORPUS, [LAB_LEAK_RUN, LAB_SKEW_RUN, LAB_BACKPRESSURE_RUN],
                      tmp_path_factory.mktemp("lab-runs") / "lab")
     events = [p for split in ("validation", "test") if (p := events_path(dataset, split)) is not None]
-    result = replay(spark, trained_store, events, ChampionCache(trained_store).require())
+    result = replay(trained_store, events, ChampionCache(trained_store).require())
     runs = {t["job_id"]: t["run_id"] for split in ("validation", "test")
             for t in read_jsonl(dataset / split / "ground_truth.jsonl")}
     return events, result, runs

@@ -121,17 +121,17 @@ def config_with_truth_overrides(config: SentinelConfig, truths: Sequence[dict]) 
     return copy
 
 
-def evaluate_dataset(spark, config: SentinelConfig, dataset: Path, split: str,
+def evaluate_dataset(config: SentinelConfig, dataset: Path, split: str,
                      models: dict[str, LoadedDetector]) -> Evaluation:
     """Replay one split of a dataset with ``models`` and with the static alarms; judge both."""
-    from pipelines.detection.job import replay
+    from pipelines.detection.flink_job import replay
 
     events, truth_files = dataset_files(dataset, (split,))
     if not events:
         raise FileNotFoundError(f"{dataset} has no {split} split")
     truths = read_truths(truth_files)
     config = config_with_truth_overrides(config, truths)
-    result = replay(spark, config, events, models)
+    result = replay(config, events, models)
     settings = PolicySettings.from_config(config)
     baseline_incidents = replay_incidents(result.rows, static_alarms(), settings) if len(result.rows) else []
     return Evaluation(split, compare(truths, result.incidents), compare(truths, baseline_incidents), result.rows,

@@ -1,47 +1,41 @@
-"""`sentinel run`: the detection job, and the batch twin `sentinel replay` runs on recorded events.
+"""`sentinel run`: the detection job, one streaming query that reads the input topic once.
 
-Two streaming queries read the input topic, each with its own checkpoint:
+records -> :func:`~pipelines.detection.processor.detect` (keyed by Flink job, on the executors:
+validation, features, scoring with the champions, incident policy, every job's state in Spark's
+state store) -> ``foreachBatch`` (:class:`DetectionSinks`), which only writes the sinks: the
+feature log (by the executors, a file per partition), dead letters and incidents to their
+topics, the metrics, and a sample of the input to the Great Expectations suite.
 
-* ``detection``: records -> validation -> usable events -> features (``transformWithState``,
-  event time) -> ``foreachBatch`` (:class:`BatchProcessor`): score with the champions, run the
-  incident policy, publish incidents, append the feature log;
-* ``dead_letters``: records -> validation -> unusable records to the dead-letter topic, and a
-  sample of the usable ones to the Great Expectations suite in a background thread.
-
-Exactly-once where it is cheap, at-least-once where it is not: the policy state is saved per
-micro-batch id and a re-run batch starts from the state before it, so it re-sends the same
-incident ids; the feature log file of a batch is named by its id and overwritten on a re-run.
+At least once, with the same ids: a micro-batch cut short (a crash, kill -9) is run again on
+restart from the state before it, so it re-sends the incident events it had sent, with the
+same ids, and rewrites the feature log files named by its id. `sentinel replay`
+(:func:`pipelines.detection.flink_job.replay`) runs the same steps on recorded events.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import os
-import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterator
 
-import pandas as pd
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from feature_store import offline_store
-from feature_store.compute import batch_features, event_frame, stream_features
-from models.registry import LoadedDetector
-from pipelines.config import SentinelConfig
-from pipelines.detection import policy
+from pipelines.config import ConfigError, SentinelConfig
 from pipelines.detection.data_quality import BackgroundValidator, flatten
 from pipelines.detection.observability import MetricsListener
-from pipelines.detection.scoring import ChampionCache, score_rows
-from pipelines.detection.validation import (check_event, dead_letters, record_text, valid_values,
-                                            validate_records)
+from pipelines.detection.processor import (DEAD_LETTER, FEATURES, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
+                                           detect, read_feature_rows)
+from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
-from pipelines.io.kafka_stream import read_kafka_stream, write_kafka_batch
+from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics, MetricsServer, serve
 
@@ -51,196 +45,150 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
-DETECTION_QUERY, DEAD_LETTER_QUERY = "detection", "dead_letters"
-KEEP_POLICY_STATES = 5
+DETECTION_QUERY = "detection"
+# Checkpoint folders of the job before it was one query (its own policy files, a second query):
+# their state cannot be carried into this one.
+EARLIER_LAYOUT = ("detection/policy", "dead_letters")
 
 
-class PolicyStore:
-    """The policy state after each micro-batch, one JSON file per batch id, beside the query's
-    checkpoint (on the same storage: a local folder or a URI)."""
+class DetectionSinks:
+    """Write one micro-batch's output (the ``foreachBatch`` body): the feature log on the
+    executors, then dead letters and incident events to their topics, each send acknowledged
+    before the batch counts as done (a failed send fails the batch, which is run again)."""
 
-    def __init__(self, directory: Location):
-        self.directory = directory
-        self.directory.make_dirs()
+    def __init__(self, config: SentinelConfig, feature_log: Location | None, metrics: DetectionMetrics | None = None,
+                 validator: BackgroundValidator | None = None):
+        self.config = config
+        self.feature_log = feature_log
+        self.metrics = metrics
+        self.validator = validator
+        self._producer = None
+        self.incidents_published = 0
+        self.dead_letters = 0
+        self.late: dict[str, int] = {}
+        self.models: dict[str, list[str]] = {}  # family -> [name, version] the executors scored with
+        self.registry_error: str | None = None  # as the executors last met it
 
-    def _ids(self) -> list[int]:
-        return sorted(int(m.group(1)) for name in self.directory.names()
-                      if (m := re.fullmatch(r"state-(\d+)\.json", name)))
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        # One Spark action: the stateful stage runs once; each partition writes its feature rows.
+        rows = batch.mapInArrow(_feature_log_writer(self.feature_log, batch_id), OUTPUT_SCHEMA).collect()
+        letters = [r for r in rows if r["kind"] == DEAD_LETTER]
+        incidents = [orjson.loads(r["payload"]) for r in rows if r["kind"] == INCIDENT]
+        self._publish([(self.config.topics.dead_letter, r["key"], r["payload"]) for r in letters]
+                      + [(self.config.topics.incidents, i["incident_id"], orjson.dumps(i)) for i in incidents])
+        self._count(batch_id, rows, letters, incidents)
+        log.info("batch %d: %d incident events, %d dead letters in %.1fs", batch_id, len(incidents), len(letters),
+                 time.monotonic() - started)
 
-    def load_before(self, batch_id: int) -> dict:
-        """The state as it was after the latest batch before ``batch_id`` (a re-run batch starts there)."""
-        earlier = [i for i in self._ids() if i < batch_id]
-        if not earlier:
-            return {}
-        return json.loads((self.directory / f"state-{earlier[-1]:012d}.json").read_text())
-
-    def save(self, batch_id: int, state: dict) -> None:
-        (self.directory / f"state-{batch_id:012d}.json").write_text(json.dumps(state, separators=(",", ":")))
-        for old in self._ids()[:-KEEP_POLICY_STATES]:
-            (self.directory / f"state-{old:012d}.json").delete()
-
-
-@dataclass
-class IncidentSink:
-    """Where incident events go: the incident topic (live) or a list (replay, tests)."""
-
-    config: SentinelConfig | None = None
-    collected: list[dict] = field(default_factory=list)
-    _producer: object = None
-
-    def publish(self, incidents: Sequence[dict]) -> None:
-        if self.config is None:
-            self.collected.extend(incidents)
+    def _publish(self, records: list[tuple[str, str | None, bytes]]) -> None:
+        if not records:
             return
         if self._producer is None:
             kafka = self.config.kafka
             self._producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
-        futures = [self._producer.send(self.config.topics.incidents, key=i["incident_id"].encode(),
-                                       value=json.dumps(i, separators=(",", ":")).encode()) for i in incidents]
+        futures = [self._producer.send(topic, key=None if key is None else key.encode(), value=value)
+                   for topic, key, value in records]
         self._producer.flush()
         for future in futures:
             future.get(timeout=30)  # raise here, so the batch fails and is re-run, rather than lose one
+
+    def _count(self, batch_id: int, rows: list, letters: list, incidents: list[dict]) -> None:
+        self.incidents_published += len(incidents)
+        self.dead_letters += len(letters)
+        late: dict[str, int] = {}
+        for row in rows:
+            if row["kind"] == LATE:
+                late[row["key"]] = late.get(row["key"], 0) + row["count"]
+            elif row["kind"] == MODELS:
+                self.models.update(orjson.loads(row["payload"]))
+                self.registry_error = row["key"]
+        for reason, count in late.items():
+            self.late[reason] = self.late.get(reason, 0) + count
+        if late:
+            log.warning("batch %d: %s not used (later than features.lateness_s behind their job, or out of order "
+                        "in their stream)", batch_id, ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in
+                                                              sorted(late.items())))
+        for incident in incidents:
+            log.info("incident %s %s: %s", incident["event"], incident["incident_id"], incident["summary"])
+        if letters:
+            log.warning("batch %d: %d records to the dead-letter topic %s", batch_id, len(letters),
+                        self.config.topics.dead_letter)
+        if self.metrics is not None:
+            self.metrics.incidents(incidents)
+            for letter in letters:
+                self.metrics.dead_letters.labels(orjson.loads(letter["payload"])["reason"]).inc()
+            for reason, count in late.items():
+                self.metrics.late_events.labels(reason).inc(count)
+        if self.validator is not None and self.validator.due():
+            samples = [r["payload"] for r in rows if r["kind"] == SAMPLE][:self.config.detection.gx_sample_rows]
+            if samples:
+                self.validator.submit(flatten(orjson.loads(v) for v in samples), batch_id)
 
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close()
 
 
-class BatchProcessor:
-    """Score, decide and publish one micro-batch of feature rows (the ``foreachBatch`` body)."""
+def _feature_log_writer(root: Location | None, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]],
+                                                                          Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: the partition's feature rows to the feature log (a file per
+    batch, partition and date, rewritten by a re-run), every other row passed on."""
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
 
-    def __init__(self, config: SentinelConfig, models: Callable[[], dict[str, LoadedDetector]], sink: IncidentSink,
-                 policy_store: PolicyStore | None = None, feature_log: Location | Path | None = None,
-                 metrics: DetectionMetrics | None = None):
-        self.config = config
-        self.metrics = metrics
-        self.models = models
-        self.sink = sink
-        self.policy_store = policy_store
-        self.feature_log = feature_log
-        self.settings = policy.PolicySettings.from_config(config)
-        self.state: dict = {}
-        self.state_after_batch: int | None = None  # the batch whose saved state ``state`` is
-        self.incidents_published = 0
-
-    def process_rows(self, rows: pd.DataFrame, batch_id: int) -> list[dict]:
-        """The pure part: feature rows (no late markers) in, incident events out (the state advances)."""
-        models = self.models()
-        if self.policy_store is not None and self.state_after_batch != batch_id - 1:
-            # A restart or a re-run batch: start from the state saved before this batch.
-            self.state = self.policy_store.load_before(batch_id)
-        self.state_after_batch = None  # ``step`` changes it in place until it is saved
-        scores = score_rows(rows, models)
-        rules = {family: m.post_rule for family, m in models.items()}
-        incidents = policy.step(self.state, rows, scores, rules, self.settings)
-        return incidents
-
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
-        rows = batch.toPandas()
-        late = rows["is_late"].fillna(False).astype(bool)
-        if late.any():
-            # Events the feature state machine refused as behind the watermark: counted with the
-            # ones Spark dropped before it (the same metric), never judged.
-            log.warning("batch %d: %d events arrived behind the allowed lateness (features.lateness_s) and were "
-                        "not used", batch_id, int(late.sum()))
-            if self.metrics is not None:
-                self.metrics.dropped_late.labels(DETECTION_QUERY).inc(int(late.sum()))
-        rows = rows[~late].reset_index(drop=True)
-        incidents = self.process_rows(rows, batch_id)
-        if self.feature_log is not None:
-            offline_store.append_feature_log(rows, self.feature_log, batch_id)
-        self.sink.publish(incidents)
-        if self.policy_store is not None:
-            self.policy_store.save(batch_id, self.state)
-            self.state_after_batch = batch_id
-        self.incidents_published += len(incidents)
-        if self.metrics is not None:
-            self.metrics.incidents(incidents)
-        for incident in incidents:
-            log.info("incident %s %s: %s", incident["event"], incident["incident_id"], incident["summary"])
-        log.info("batch %d: %d feature rows, %d incident events in %.1fs", batch_id, len(rows), len(incidents),
-                 time.monotonic() - started)
-
-
-class DeadLetterProcessor:
-    """Send a batch's unusable records to the dead-letter topic; hand a sample to the GX suite."""
-
-    def __init__(self, config: SentinelConfig, validator: BackgroundValidator | None,
-                 metrics: DetectionMetrics | None = None):
-        self.config = config
-        self.validator = validator
-        self.metrics = metrics
-        self.dead_letters = 0
-
-    def __call__(self, validated: DataFrame, batch_id: int) -> None:
-        validated = validated.persist()
-        try:
-            reasons = {row["reason"]: row["count"] for row in
-                       validated.filter(F.col("reason").isNotNull()).groupBy("reason").count().collect()}
-            count = sum(reasons.values())
-            if self.metrics is not None:
-                for reason, n in reasons.items():
-                    self.metrics.dead_letters.labels(reason).inc(n)
-            if count:
-                letters = dead_letters(validated)
-                write_kafka_batch(letters, self.config, self.config.topics.dead_letter)
-                self.dead_letters += count
-                log.warning("batch %d: %d records to the dead-letter topic %s", batch_id, count,
-                            self.config.topics.dead_letter)
-            if self.validator is not None and self.validator.due():
-                sample = valid_values(validated).limit(self.config.detection.gx_sample_rows).toPandas()
-                self.validator.submit(flatten(json.loads(v) for v in sample["value"]), batch_id)
-        finally:
-            validated.unpersist()
+        tables = []
+        for batch in batches:
+            features = pc.equal(batch.column("kind"), FEATURES)
+            tables += [read_feature_rows(p) for p in batch.filter(features).column("payload").to_pylist()]
+            yield batch.filter(pc.invert(features))
+        if tables and root is not None:
+            offline_store.append_feature_log(pa.concat_tables(tables), root, batch_id, TaskContext.get().partitionId())
+    return write
 
 
 @dataclass
 class RunningJob:
     spark: SparkSession
-    queries: list
-    processor: BatchProcessor
-    dead_letter_processor: DeadLetterProcessor
+    query: object
+    sinks: DetectionSinks
     listener: MetricsListener
     validator: BackgroundValidator
     metrics_server: MetricsServer | None = None  # /metrics for Prometheus
 
+    @property
+    def queries(self) -> list:
+        return [self.query]
+
     def await_termination(self, timeout_s: float | None = None, stop_requested: threading.Event | None = None) -> None:
-        """Until a query ends (raising its error), ``timeout_s`` passes or ``stop_requested`` is set."""
+        """Until the query ends (raising its error), ``timeout_s`` passes or ``stop_requested`` is set."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while all(q.isActive for q in self.queries):
+        while self.query.isActive:
             if deadline is not None and time.monotonic() >= deadline:
                 return
             if stop_requested is not None and stop_requested.is_set():
                 return
-            for q in self.queries:
-                if q.exception() is not None:
-                    raise q.exception()
+            if self.query.exception() is not None:
+                raise self.query.exception()
             time.sleep(0.5)
-        for q in self.queries:
-            q.awaitTermination()  # raises the query's error, if it failed
+        self.query.awaitTermination()  # raises the query's error, if it failed
 
     def stop(self, boundary_timeout_s: float = 120.0) -> None:
         """Stop at a batch boundary: the batch under way finishes first (its incidents published,
-        its policy state saved, its offsets committed), then the queries stop, the producers are
-        flushed and closed and the last metrics written. A batch cut short anyway (one that runs
-        past ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
+        its state committed), then the query stops, the producer is flushed and closed and the
+        last metrics written. A batch cut short anyway (one that runs past
+        ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
         deadline = time.monotonic() + boundary_timeout_s
-        self._wait_for_batch_boundary(deadline)  # the last batch's progress reaches the listener
-        # The listener goes before the queries: Spark posts the termination events asynchronously,
+        _poll_until(lambda: _between_batches(self.query), deadline, every_s=0.1)
+        # The listener goes before the query: Spark posts the termination event asynchronously,
         # and a Python listener called after its process has moved on only fills the log with errors.
         self.spark.streams.removeListener(self.listener)
-        for q in self.queries:
-            self._wait_for_batch_boundary(deadline, [q])
-            q.stop()
+        self.query.stop()
         self.listener.write()  # the counts as the last batch left them
-        self.processor.sink.close()
+        self.sinks.close()
         self.validator.wait(10)
         if self.metrics_server is not None:
             self.metrics_server.close()
-
-    def _wait_for_batch_boundary(self, deadline: float, queries: list | None = None) -> None:
-        _poll_until(lambda: all(_between_batches(q) for q in queries or self.queries), deadline, every_s=0.1)
 
 
 def _poll_until(done: Callable[[], bool], deadline: float, every_s: float) -> None:
@@ -256,97 +204,38 @@ def _between_batches(query) -> bool:
         return True
 
 
-def _wait_for_first_batch(query, timeout_s: float) -> None:
-    """Until ``query`` has reported a first progress (a batch, or an idle trigger when there is no
-    data), has ended, or ``timeout_s`` passed."""
-    _poll_until(lambda: not query.isActive or query.lastProgress is not None, time.monotonic() + timeout_s,
-                every_s=0.2)
+def _refuse_earlier_checkpoint(config: SentinelConfig) -> None:
+    root = config.location(config.spark.checkpoint_location)
+    found = [str(root / name) for name in EARLIER_LAYOUT if (root / name).exists()]
+    if found:
+        raise ConfigError(
+            f"{', '.join(found)}: a checkpoint of the detection job before it kept all its state in Spark "
+            f"(two queries, policy files of its own); it cannot be resumed. Move {root} aside (or point "
+            "spark.checkpoint_location at a new folder) to start afresh from kafka.starting_offsets")
 
 
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
                     available_now: bool = False) -> RunningJob:
-    """Start both queries on the configured input topic; the caller awaits or stops them."""
+    """Start the detection query on the configured input topic; the caller awaits or stops it.
+    ``cache`` (the driver's) reports the registry and the versions; the executors load their own."""
     kafka = config.kafka
     kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
     kafka_clients.ensure_topics(kafka.bootstrap_servers, kafka.client_kwargs(),
                                 [config.topics.input, config.topics.incidents, config.topics.dead_letter],
                                 kafka.topic_partitions)
+    _refuse_earlier_checkpoint(config)
     detection = config.detection
-    max_future_ms = int(detection.max_future_s * 1000)
-    records = read_kafka_stream(spark, config, config.topics.input)
-    validated = validate_records(records, max_future_ms)
-
     metrics = DetectionMetrics()
     server = serve(metrics.registry, detection.metrics_host, detection.metrics_port) \
         if detection.metrics_port is not None else None
-    processor = BatchProcessor(config, cache.current, IncidentSink(config),
-                               PolicyStore(config.checkpoint_dir(DETECTION_QUERY) / "policy"),
-                               config.offline_store / "live", metrics)
     validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",
                                     detection.gx_min_interval_s)
-    dlq = DeadLetterProcessor(config, validator, metrics)
-    listener = MetricsListener(Path(detection.metrics_file), processor, dlq, cache, metrics)
+    sinks = DetectionSinks(config, config.offline_store / "live", metrics, validator)
+    listener = MetricsListener(Path(detection.metrics_file), sinks, cache, metrics)
     spark.streams.addListener(listener)
-
-    features = stream_features(event_frame(valid_values(validated)), int(config.features.lateness_s * 1000),
-                               config.features.idle_timeout_ms)
-
-    def trigger(writer):
-        return writer.trigger(availableNow=True) if available_now else writer.trigger(
-            processingTime=config.spark.trigger_interval)
-
-    detection_query = trigger(features.writeStream.foreachBatch(processor).queryName(DETECTION_QUERY)
-                              .option("checkpointLocation", config.checkpoint_dir(DETECTION_QUERY).spark_path)).start()
-    # The two queries share one source plan. Started together, the first batch of one of them (either)
-    # failed in two of about a dozen restarts in the tests with java.io.OptionalDataException while
-    # a task was deserialised (a map changed while it was serialised). So the dead-letter query
-    # starts once the detection query has finished its first batch (at most a minute later).
-    # Issue 13's single query removes the second query and this wait.
-    _wait_for_first_batch(detection_query, timeout_s=60)
-    queries = [
-        detection_query,
-        trigger(validated.writeStream.foreachBatch(dlq).queryName(DEAD_LETTER_QUERY)
-                .option("checkpointLocation", config.checkpoint_dir(DEAD_LETTER_QUERY).spark_path)).start(),
-    ]
-    return RunningJob(spark, queries, processor, dlq, listener, validator, server)
-
-
-# --- replay ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReplayResult:
-    events: int
-    dead_letters: list[dict]
-    incidents: list[dict]
-    rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # the feature rows the policy judged
-
-
-def replay(spark: SparkSession, config: SentinelConfig, paths: Iterable[str | Path],
-           models: dict[str, LoadedDetector]) -> ReplayResult:
-    """The live pipeline on recorded events, in event time: the same validation, features,
-    scoring and policy, so the same events give the same incidents as the live job."""
-    lines, letters = [], []
-    far_future = 2**62  # a recording is judged by its own clock, not today's
-    for path in paths:
-        with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as handle:
-            for number, raw in enumerate(handle):
-                raw = raw.rstrip(b"\r\n")
-                if not raw.strip():
-                    continue
-                _, reason, error = check_event(raw, now_ms=far_future)
-                if reason:
-                    # The dead-letter contract's shape: the file stands in for the topic, the line for the offset.
-                    text, encoding = record_text(raw)
-                    letters.append({"reason": reason, "error": error, "source_topic": str(path), "partition": 0,
-                                    "offset": number, "kafka_timestamp": None, "key": None,
-                                    "value": text, "value_encoding": encoding})
-                else:
-                    lines.append(raw.decode("utf-8"))
-    processor = BatchProcessor(config, lambda: models, IncidentSink())
-    rows = pd.DataFrame()
-    if lines:
-        events = spark.createDataFrame(pd.DataFrame({"value": lines}), "value string")
-        rows = batch_features(event_frame(events), config.features.idle_timeout_ms).toPandas()
-        processor.sink.publish(processor.process_rows(rows, 0))
-    return ReplayResult(len(lines), letters, processor.sink.collected, rows)
+    writer = (detect(read_kafka_stream(spark, config, config.topics.input), config).writeStream
+              .foreachBatch(sinks).queryName(DETECTION_QUERY)
+              .option("checkpointLocation", config.checkpoint_dir(DETECTION_QUERY).spark_path))
+    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
+        processingTime=config.spark.trigger_interval)
+    return RunningJob(spark, writer.start(), sinks, listener, validator, server)

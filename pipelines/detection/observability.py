@@ -32,11 +32,9 @@ def _watermark_ms(progress: Any) -> int | None:
 
 
 class MetricsListener(StreamingQueryListener):
-    def __init__(self, path: Path, processor: Any = None, dead_letters: Any = None, models: Any = None,
-                 metrics: Any = None):
+    def __init__(self, path: Path, sinks: Any = None, models: Any = None, metrics: Any = None):
         self.path = Path(path)
-        self.processor = processor
-        self.dead_letters = dead_letters
+        self.sinks = sinks  # what the job published (a DetectionSinks)
         self.models = models
         self.metrics = metrics  # a DetectionMetrics, served over HTTP
         self.queries: dict[str, dict[str, float]] = {}
@@ -65,8 +63,8 @@ class MetricsListener(StreamingQueryListener):
                                   metrics["processed_rows_per_second"], int(metrics["state_rows"]),
                                   int(metrics["rows_dropped_by_watermark"]), metrics.get("watermark_lag_seconds"))
             if self.models is not None:
-                self.metrics.models({f: (m.name, m.version) for f, m in self.models.models.items()},
-                                    self.models.registry_error is None)
+                versions, reachable = self.scoring()
+                self.metrics.models(versions, reachable)
         log.info("%s batch %d: %d rows, %.0f rows/s in, %.0f rows/s processed, %.1fs, %d state rows%s", p.name,
                  p.batchId, p.numInputRows, metrics["input_rows_per_second"], metrics["processed_rows_per_second"],
                  metrics["batch_duration_seconds"], metrics["state_rows"],
@@ -80,18 +78,27 @@ class MetricsListener(StreamingQueryListener):
         if event.exception:
             log.error("query %s stopped with an error: %s", event.id, event.exception.splitlines()[0])
 
+    def scoring(self) -> tuple[dict[str, tuple[str, str]], bool]:
+        """The model (name, version) of each family the job scores with, and whether the registry
+        answers: as the executors last reported them, else as the driver loaded them at start."""
+        if self.sinks is not None and self.sinks.models:
+            return ({f: tuple(m) for f, m in self.sinks.models.items()}, self.sinks.registry_error is None)
+        return ({f: (m.name, m.version) for f, m in self.models.models.items()}, self.models.registry_error is None)
+
     def text(self) -> str:
         lines = []
         for name, metrics in sorted(self.queries.items()):
             for metric, value in sorted(metrics.items()):
                 lines.append(f'{PREFIX}_{metric}{{query="{name}"}} {value:g}')
-        if self.processor is not None:
-            lines.append(f"{PREFIX}_incident_events_total {self.processor.incidents_published}")
-        if self.dead_letters is not None:
-            lines.append(f"{PREFIX}_dead_letters_total {self.dead_letters.dead_letters}")
+        if self.sinks is not None:
+            lines.append(f"{PREFIX}_incident_events_total {self.sinks.incidents_published}")
+            lines.append(f"{PREFIX}_dead_letters_total {self.sinks.dead_letters}")
+            for reason, count in sorted(self.sinks.late.items()):
+                lines.append(f'{PREFIX}_late_events_total{{reason="{reason}"}} {count}')
         if self.models is not None:
-            lines.append(f"{PREFIX}_model_registry_reachable {0 if self.models.registry_error else 1}")
-            for family, version in sorted(self.models.versions().items()):
+            versions, reachable = self.scoring()
+            lines.append(f"{PREFIX}_model_registry_reachable {1 if reachable else 0}")
+            for family, (_, version) in sorted(versions.items()):
                 lines.append(f'{PREFIX}_model_version{{family="{family}"}} {version}')
         return "\n".join(lines) + "\n"
 

@@ -195,11 +195,12 @@ def _forget_returning_jobs(state: dict, scored: pd.DataFrame, forget_after_ms: i
     jobs = scored.attrs["jobs"]
     for code, ts in scored.groupby("_job", sort=False)["ts"].min().items():
         job = state.get(jobs[code])
-        if job is not None and ts - job.get("_last_ts", ts) > forget_after_ms and not _any_open(job):
+        if job is not None and ts - job.get("_last_ts", ts) > forget_after_ms and not any_open(job):
             del state[jobs[code]]
 
 
-def _any_open(job: dict) -> bool:
+def any_open(job: dict) -> bool:
+    """Whether a job's policy entry has an incident open."""
     return any(isinstance(e, dict) and e.get("open") for e in job.values())
 
 

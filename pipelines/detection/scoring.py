@@ -54,6 +54,11 @@ class ChampionCache:
             log.warning("no %s model for %s: those families are not scored", self.config.mlflow.alias, ", ".join(missing))
         return self.models
 
+    def ready(self) -> dict[str, LoadedDetector]:
+        """The models to score with now (as :meth:`current`); loaded first, or
+        :class:`ModelUnavailable` raised, while none is held yet."""
+        return self.current() if self.models else self.require()
+
     def current(self) -> dict[str, LoadedDetector]:
         """The models to score with now, re-reading the aliases when the refresh interval is up."""
         self.refresh()
@@ -88,6 +93,20 @@ class ChampionCache:
 
     def versions(self) -> dict[str, str]:
         return {family: m.version for family, m in self.models.items()}
+
+
+# One cache per Python worker process and model registry: Spark reuses its Python workers across
+# tasks and micro-batches, so each loads the champions once and then only follows their aliases.
+_WORKER_CACHES: dict[str, ChampionCache] = {}
+
+
+def worker_champions(config: SentinelConfig) -> ChampionCache:
+    """This process's cache of ``config``'s champions (for the stateful processor's scoring)."""
+    key = config.mlflow.model_dump_json()
+    cache = _WORKER_CACHES.get(key)
+    if cache is None:
+        cache = _WORKER_CACHES[key] = ChampionCache(config)
+    return cache
 
 
 def score_rows(rows: pd.DataFrame, models: Mapping[str, LoadedDetector]) -> pd.DataFrame:

@@ -1,8 +1,8 @@
 """Input validation: every Kafka record is either a usable event or a dead letter with its reason.
 
 :func:`check_event` is the one rule, a pure function over the record's bytes; the live job runs
-it on each micro-batch (:func:`validate_records`) and ``sentinel replay`` on every line of its
-files, so both accept and reject exactly the same events. Beyond the input contract it rejects
+it on every record of a micro-batch (in its stateful processor, once per record) and ``sentinel
+replay`` on every line of its files, so both accept and reject exactly the same events. Beyond the input contract it rejects
 values no Flink cluster can report: ratios far above 1, a checkpoint acknowledged before it was
 triggered, timestamps in seconds rather than milliseconds, or further in the future than clock
 skew explains.
@@ -16,14 +16,9 @@ skew explains.
 from __future__ import annotations
 
 import base64
-import time
-from typing import Any, Iterator
+from typing import Any
 
 import orjson
-import pandas as pd
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from pipelines.contracts import INPUT
 
@@ -34,15 +29,6 @@ EARLIEST_TS = 1_000_000_000_000  # 2001-09-09: anything before is epoch seconds 
 # rounding in its moving averages, far above is a unit or producer bug.
 RATIO_BOUNDS = {"busy_time_ms_per_s": 1100.0, "backpressured_time_ms_per_s": 1100.0, "idle_time_ms_per_s": 1100.0,
                 "in_pool_usage": 1.5, "out_pool_usage": 1.5}
-
-VALIDATED_SCHEMA = StructType([
-    StructField("key", StringType()), StructField("value", StringType()),
-    StructField("value_encoding", StringType()), StructField("topic", StringType()),
-    StructField("partition", LongType()), StructField("offset", LongType()),
-    StructField("kafka_timestamp", LongType()), StructField("reason", StringType()),
-    StructField("error", StringType()),
-])
-
 
 def check_event(value: bytes | None, now_ms: int, max_future_ms: int = 300_000) -> tuple[dict | None, str | None, str | None]:
     """``(event, None, None)`` for a usable record, else ``(None, reason, error)``."""
@@ -107,49 +93,10 @@ def record_text(raw: Any) -> tuple[str | None, str]:
         return base64.b64encode(raw).decode("ascii"), "base64"
 
 
-def _check_partitions(now_ms_fn, max_future_ms: int):
-    def check(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        now_ms = now_ms_fn()
-        for batch in batches:
-            out = {name: [] for name in VALIDATED_SCHEMA.fieldNames()}
-            for key, value, topic, partition, offset, ts in zip(batch["key"], batch["value"], batch["topic"],
-                                                                 batch["partition"], batch["offset"], batch["timestamp"]):
-                _, reason, error = check_event(None if value is None else bytes(value), now_ms, max_future_ms)
-                text, encoding = record_text(value)
-                out["key"].append(record_text(key)[0])
-                out["value"].append(text)
-                out["value_encoding"].append(encoding)
-                out["topic"].append(topic)
-                out["partition"].append(partition)
-                out["offset"].append(offset)
-                out["kafka_timestamp"].append(None if ts is None or pd.isna(ts) else int(pd.Timestamp(ts).value // 1_000_000))
-                out["reason"].append(reason)
-                out["error"].append(error)
-            yield pd.DataFrame(out)
-    return check
-
-
-def validate_records(records: DataFrame, max_future_ms: int, now_ms_fn=None) -> DataFrame:
-    """Kafka records (the source's columns) with ``reason``/``error`` set on the unusable ones.
-
-    ``now_ms_fn`` is the clock for "in the future" (wall time by default), read once per
-    partition of each micro-batch.
-    """
-    clock = now_ms_fn or (lambda: int(time.time() * 1000))
-    return records.select("key", "value", "topic", "partition", "offset", "timestamp").mapInPandas(
-        _check_partitions(clock, max_future_ms), VALIDATED_SCHEMA)
-
-
-def valid_values(validated: DataFrame) -> DataFrame:
-    """The usable events' JSON text, one column ``value``."""
-    return validated.filter(F.col("reason").isNull()).select("value")
-
-
-def dead_letters(validated: DataFrame) -> DataFrame:
-    """Unusable records as dead-letter contract documents, keyed like their input record."""
-    rows = validated.filter(F.col("reason").isNotNull())
-    document = F.to_json(F.struct(
-        F.col("reason"), F.col("error"), F.col("topic").alias("source_topic"), F.col("partition"), F.col("offset"),
-        F.col("kafka_timestamp"), F.col("key"), F.col("value"), F.col("value_encoding"),
-    ), {"ignoreNullFields": "false"})
-    return rows.select(F.col("key"), document.alias("value"))
+def dead_letter(record, reason: str, error: str) -> dict:
+    """The dead-letter contract's document for an unusable record (a
+    :class:`~pipelines.detection.flink_job.Record`): why, where it was, and its original bytes."""
+    value, encoding = record_text(record.value)
+    return {"reason": reason, "error": error, "source_topic": record.topic, "partition": record.partition,
+            "offset": record.offset, "kafka_timestamp": record.kafka_timestamp_ms, "key": record_text(record.key)[0],
+            "value": value, "value_encoding": encoding}

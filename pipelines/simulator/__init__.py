@@ -181,6 +181,28 @@ def write_dataset(directory: Path, names: Sequence[str], jobs_per_scenario: int,
     return manifest
 
 
+HEALTHY = tuple(name for name, s in CATALOGUE.items() if s.family is None)
+FAULTY = tuple(name for name, s in CATALOGUE.items() if s.family is not None)
+
+
+def simulate_fleet(jobs: int, seed: int, duration_ms: int, start_ts: int = DEFAULT_START_TS,
+                   poll_interval_ms: int = 5_000, faulty_share: float = 0.1, clusters: int = 8) -> Iterator[SimulatedJob]:
+    """A production-like fleet, one job at a time: mostly healthy jobs, ``faulty_share`` of them
+    with a fault of some family, every scenario in turn, spread over ``clusters`` Flink clusters
+    and polled every ``poll_interval_ms`` by a collector that reaches each job at its own moment
+    of the interval (not all at once)."""
+    if jobs < 1 or not 0 <= faulty_share <= 1:
+        raise SimulationError("a fleet needs at least one job and a faulty share in [0, 1]")
+    faulty_every = round(1 / faulty_share) if faulty_share else 0
+    for index in range(jobs):
+        faulty = faulty_every and index % faulty_every == faulty_every - 1
+        names = FAULTY if faulty else HEALTHY
+        name = names[(index // (faulty_every or 1) if faulty else index) % len(names)]
+        offset = (index * poll_interval_ms) // jobs  # where in the poll interval the collector reaches it
+        yield simulate_job(name, seed, index, duration_ms - offset, cluster=f"fleet-{index % clusters}",
+                           start_ts=start_ts + offset, timing={"poll_interval_ms": poll_interval_ms})
+
+
 def split_cluster(index: int) -> str:
     return ("eu", "us", "ap")[index % 3]
 

@@ -128,27 +128,29 @@ def test_the_feature_reference_in_docs_is_current():
     assert markdown_table() in (PROJECT_ROOT / "docs" / "FEATURES.md").read_text()
 
 
-def test_the_live_feature_log_lands_in_the_store_like_a_backfill(spark, config, tmp_path):
-    from feature_store.compute import event_frame, stream_features
-    from pipelines.io.kafka_stream import read_kafka_stream
-    from pipelines.simulator.publish import publish_to_kafka
+def test_the_live_feature_log_lands_in_the_store_like_a_backfill(spark, tmp_path):
+    """The detection job's writer: a file per micro-batch, partition and date (here a batch of
+    two partitions across midnight); a re-run batch replaces its own files."""
+    import pyarrow as pa
 
-    job = simulator.simulate_job("backpressure_slow_operator", seed=3, duration_ms=15 * 60_000)
-    publish_to_kafka(job.events, config)
-    features = stream_features(event_frame(read_kafka_stream(spark, config, config.topics.input)), 30_000)
+    from pipelines.detection.flink_job import feature_frame
+    from pipelines.detection.processor import FEATURE_ROW_ARROW_SCHEMA
 
-    def log_batch(batch, batch_id: int) -> None:  # what the detection job's foreachBatch does with its rows
-        rows = batch.filter(~batch.is_late).toPandas()
-        offline_store.append_feature_log(rows, tmp_path / "store", batch_id)
-        if batch_id == 0:  # a re-run batch replaces its own files, it does not add rows twice
-            offline_store.append_feature_log(rows, tmp_path / "store", batch_id)
-
-    query = (features.writeStream.foreachBatch(log_batch).option("checkpointLocation", str(tmp_path / "ck"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination(300)
-    rows = offline_store.read_features(spark, tmp_path / "store").collect()
+    job = simulator.simulate_job("backpressure_slow_operator", seed=3, duration_ms=15 * 60_000,
+                                 start_ts=T0 + DAY - 3 * 60_000)
+    expected = features_for_events(job.events)
+    frame = feature_frame(expected)
+    half = len(frame) // 2
+    store = tmp_path / "store"
+    offline_store.append_feature_log(frame.iloc[:half], store, 7, part=0)
+    second = pa.Table.from_pandas(frame.iloc[half:].loc[:, FEATURE_ROW_ARROW_SCHEMA.names],
+                                  schema=FEATURE_ROW_ARROW_SCHEMA, preserve_index=False)
+    offline_store.append_feature_log(second, store, 7, part=1)
+    offline_store.append_feature_log(frame.iloc[:half], store, 7, part=0)  # the batch run again
+    assert sorted(p.name for p in (store / "date=2026-01-02").iterdir()) == [
+        "live-batch-000000000007-00000.parquet", "live-batch-000000000007-00001.parquet"]
+    rows = offline_store.read_features(spark, store).collect()
     logged = {(r.vertex_id, r.ts): r.busy_max for r in rows}
-    assert len(rows) == len(logged)  # no row twice
-    expected = {(r["vertex_id"], r["ts"]): r["busy_max"] for r in features_for_events(job.events)
-                if r["ts"] <= job.events[-1]["ts"] - 30_000}
-    assert logged == expected
+    assert len(rows) == len(logged) == len(expected)  # no row twice
+    assert logged == {(r["vertex_id"], r["ts"]): r["busy_max"] for r in expected}
+    assert {r.date.isoformat() for r in rows} == {"2026-01-01", "2026-01-02"}

@@ -23,7 +23,7 @@ from pipelines.config import SentinelConfig, TopicsConfig, load_config
 from pipelines.io import kafka_clients
 from tests.conftest import debian_binary
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
-from tests.pipelines.detection.helpers import events_with_sweep, fleet, publish, read_topic
+from tests.pipelines.detection.helpers import fleet_events, fleet, publish, read_topic
 from tests.test_cli import run_sentinel
 
 # Unique, so that finding it anywhere can only mean it leaked.
@@ -140,7 +140,7 @@ def test_the_detection_job_and_the_incident_table_work_over_mutual_tls(tls_kafka
                                          dead_letter=f"dlq-{suffix}")
     kafka_clients.ensure_topics(config.kafka.bootstrap_servers, config.kafka.client_kwargs(),
                                 [config.topics.input, config.topics.incidents, config.topics.dead_letter], 3)
-    publish(config, events_with_sweep(fleet(["skew_hot_key"], seed=7, minutes=30), config))
+    publish(config, fleet_events(fleet(["skew_hot_key"], seed=7, minutes=30)))
 
     # This time the password comes from the environment, as a secret store's injector gives it.
     env = _tls_environment(tls_kafka, tmp_path, **topics, SENTINEL_KAFKA__SECURITY__SSL_KEY_PASSWORD_FILE="",

@@ -22,10 +22,10 @@ import pytest
 
 from infra.embedded_stack import free_port
 from pipelines import simulator
-from pipelines.detection.job import replay
+from pipelines.detection.flink_job import replay
 from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (MINUTE, events_with_sweep, fleet, job_environment, opened, publish,
+from tests.pipelines.detection.helpers import (MINUTE, fleet_events, fleet, job_environment, opened, publish,
                                                read_topic, wait_for, write_jsonl)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +100,9 @@ def test_the_job_runs_on_a_standalone_cluster_and_survives_losing_a_worker(spark
     first_events = list(simulator.merged_events(before))
     after = [simulator.simulate_job("checkpoint_storage_errors", 23, 3, 45 * MINUTE, cluster="e2e",
                                     start_ts=first_events[-1]["ts"] + MINUTE)]
-    second_events = events_with_sweep(after, config)
+    second_events = fleet_events(after)
     events = first_events + second_events
-    expected = replay(spark, config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
+    expected = replay(config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
     expected_ids = {i["incident_id"] for i in opened(expected.incidents)}
     after_ids = {i["incident_id"] for i in opened(expected.incidents) if i["job_id"] in {j.truth["job_id"] for j in after}}
     assert after_ids and expected_ids - after_ids, "each fleet must raise incidents for this test to mean anything"

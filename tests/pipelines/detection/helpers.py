@@ -16,17 +16,6 @@ from pipelines.io import kafka_clients
 MINUTE = 60_000
 
 
-def sweep_event(after_ts: int, config: SentinelConfig) -> dict:
-    """A status event of a separate job, late enough in event time that every real job's waiting
-    events are consumed (its idle timer fires), so live and batch features cover the same rows."""
-    ts = after_ts + config.features.idle_timeout_ms + int(config.features.lateness_s * 1000) + 2 * MINUTE
-    return {"schema_version": 1, "kind": "job_status", "cluster": "sweep", "job_id": "f" * 32, "job_name": "sweep",
-            "ts": ts, "source": "test", "state": "RUNNING", "num_restarts": 0, "checkpoints_completed_total": 0,
-            "checkpoints_failed_total": 0, "checkpoints_in_progress": 0, "checkpoint_interval_ms": 60_000,
-            "checkpoint_timeout_ms": 600_000, "max_state_size_bytes": None, "jm_heap_used_bytes": None,
-            "jm_heap_max_bytes": None}
-
-
 def job_environment(config: SentinelConfig, **extra: str) -> dict[str, str]:
     """The environment a ``sentinel run`` process of its own needs to run with ``config``
     (its state, topics and MLflow store; a 1 s trigger; metrics on any free port)."""
@@ -43,9 +32,9 @@ def fleet(names: list[str], seed: int, minutes: int) -> list[simulator.Simulated
     return [simulator.simulate_job(name, seed, i, minutes * MINUTE, cluster="e2e") for i, name in enumerate(names)]
 
 
-def events_with_sweep(jobs, config: SentinelConfig) -> list[dict]:
-    events = list(simulator.merged_events(jobs))
-    return events + [sweep_event(events[-1]["ts"], config)]
+def fleet_events(jobs) -> list[dict]:
+    """The jobs' events as one producer sends them (in event-time order)."""
+    return list(simulator.merged_events(jobs))
 
 
 def publish(config: SentinelConfig, events: list[dict], raw: list[bytes] = ()) -> None:

@@ -13,12 +13,13 @@ import time
 import pytest
 
 from pipelines.contracts import DEAD_LETTER, INCIDENT
-from pipelines.detection.job import replay, start_detection
+from pipelines.detection.flink_job import replay
+from pipelines.detection.job import start_detection
 from pipelines.detection.report import compare
 from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (events_with_sweep, fleet, job_environment, key, opened, publish,
-                                               read_topic, wait_for, write_jsonl)
+from tests.pipelines.detection.helpers import (fleet, fleet_events, job_environment, key, opened, publish, read_topic, wait_for,
+                                               write_jsonl)
 
 FAMILY_FLEET = ["healthy_steady", "healthy_warmup", "leak_linear", "backpressure_slow_operator", "skew_hot_key",
                 "checkpoint_storage_errors"]
@@ -46,7 +47,7 @@ def live_fleet(spark, broker_config, trained_store, tmp_path_factory):
     folder = tmp_path_factory.mktemp("live-fleet")
     config = detection_config_for(broker_config, trained_store, folder)
     jobs = fleet(FAMILY_FLEET, SEED, MINUTES)
-    events = events_with_sweep(jobs, config)
+    events = fleet_events(jobs)
     publish(config, events)
     job = run_available_now(spark, config)
     return {"config": config, "jobs": jobs, "events": events, "job": job,
@@ -84,7 +85,7 @@ def test_each_family_gets_exactly_its_incident_and_healthy_jobs_none(live_fleet)
 def test_replay_gives_the_same_incidents_as_the_live_job(spark, live_fleet, tmp_path):
     config = live_fleet["config"]
     recording = write_jsonl(tmp_path / "recording.jsonl", live_fleet["events"])
-    result = replay(spark, config, [recording], ChampionCache(config).require())
+    result = replay(config, [recording], ChampionCache(config).require())
     assert result.events == len(live_fleet["events"]) and result.dead_letters == []
     assert sorted(map(key, result.incidents)) == sorted(map(key, live_fleet["incidents"]))
 
@@ -99,14 +100,13 @@ def test_the_job_reports_its_health_and_logs_its_features(spark, live_fleet):
     from feature_store.offline_store import read_features
 
     logged = read_features(spark, config.offline_store / "live").select("job_id").distinct().count()
-    # Every job of the fleet; the sweep job's one event still waits out its lateness.
-    assert logged == len(live_fleet["jobs"])
+    assert logged == len(live_fleet["jobs"])  # every job of the fleet: nothing waits out a lateness
 
 
 def test_bad_records_go_to_the_dead_letter_topic_and_the_job_goes_on(spark, detection_config):
     config = detection_config
     jobs = fleet(["leak_seed000"], SEED, 4)
-    events = events_with_sweep(jobs, config)
+    events = fleet_events(jobs)
     half = len(events) // 2
     bad = [b"{oops", json.dumps({**events[0], "schema_version": 9}).encode(),
            json.dumps({**events[0], "kind": "savepoint"}).encode(),
@@ -183,8 +183,8 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
 
     config = detection_config
     jobs = fleet(["leak_linear", "checkpoint_storage_errors", "skew_hot_key"], SEED + 1, 60)
-    events = events_with_sweep(jobs, config)
-    expected = replay(spark, config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
+    events = fleet_events(jobs)
+    expected = replay(config, [write_jsonl(tmp_path / "all.jsonl", events)], ChampionCache(config).require())
     assert opened(expected.incidents), "the fleet must raise incidents for this test to mean anything"
 
     env = job_environment(config)
@@ -192,12 +192,12 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
     log_path = tmp_path / "run.log"
     log = open(log_path, "wb")
     first = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    policy_states = config.state_dir / "checkpoints" / "detection" / "policy"
+    committed = config.state_dir / "checkpoints" / "detection" / "commits"
     metrics_file = config.state_dir / "metrics" / "sentinel.prom"
     try:
         third = len(events) // 3
         publish(config, events[:third])
-        wait_for(lambda: policy_states.is_dir() and any(policy_states.iterdir()), 240)
+        wait_for(lambda: committed.is_dir() and any(committed.iterdir()), 240)  # a first batch is done
         publish(config, events[third:2 * third])
         time.sleep(3)  # a batch is under way
         if stop_signal == "SIGTERM":
@@ -225,26 +225,3 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
 def _without_query_plans(log_text: str) -> str:
     """A failed query's message ends in its logical plan, which buries the cause: keep the rest."""
     return re.sub(r"\n\s*Logical Plan:\n(?:.*\n)*?(?=\S|\Z)", "\n[logical plan left out]\n", log_text)
-
-
-def test_events_behind_the_watermark_are_counted_not_silently_lost(spark, tmp_path):
-    """The state machine marks an event at the watermark ``is_late`` instead of consuming it
-    (Spark drops older ones itself, counted by the query's progress): the job counts the marker
-    in the same metric, logs no feature row for it and judges none."""
-    from pyspark.sql import Row
-
-    from feature_store.definitions import feature_row_schema
-    from pipelines.detection.job import BatchProcessor, IncidentSink
-    from pipelines.telemetry import DetectionMetrics
-    from tests.conftest import config_for
-
-    names = feature_row_schema().fieldNames()
-    marker = {**dict.fromkeys(names), "cluster": "c", "job_id": "a" * 32, "ts": 1_767_225_600_000,
-              "trigger_kind": "late", "is_late": True}
-    batch = spark.createDataFrame([Row(**{n: marker[n] for n in names})] * 2, feature_row_schema())
-    metrics = DetectionMetrics()
-    sink = IncidentSink()
-    processor = BatchProcessor(config_for(tmp_path), lambda: {}, sink, feature_log=tmp_path / "live", metrics=metrics)
-    processor(batch, 0)
-    assert metrics.registry.get_sample_value("checkpoint_sentinel_rows_dropped_by_watermark_total", {"query": "detection"}) == 2
-    assert sink.collected == [] and not (tmp_path / "live").exists()

@@ -23,7 +23,7 @@ ROUNDING_S = 0.001  # delays are in seconds of millisecond timestamps
 @pytest.fixture(scope="module")
 def evaluation(spark, trained_store):
     models = ChampionCache(trained_store).require()
-    return evaluate_dataset(spark, trained_store, LAB_CORPUS, "test", models)
+    return evaluate_dataset(trained_store, LAB_CORPUS, "test", models)
 
 
 def first_failure_ts(job_id: str, onset_ts: int) -> int | None:

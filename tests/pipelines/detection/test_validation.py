@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.contracts import DEAD_LETTER
 from pipelines.contracts.examples import example_events
-from pipelines.detection.validation import check_event, dead_letters, valid_values, validate_records
+from pipelines.detection.validation import check_event
 
 NOW = 1_700_000_000_000 + 3_600_000
 CHECKPOINT, VERTEX, STATUS = list(example_events(3))
@@ -54,18 +54,23 @@ def test_bad_records_are_named(value, reason, detail):
     assert detail in error
 
 
-def test_the_spark_stage_splits_usable_events_from_dead_letters_with_their_origin(spark):
-    good = [encoded(e) for e in example_events(6)]
-    bad = [b"\xff\xfe garbage", encoded({**CHECKPOINT, "kind": "savepoint"})]
-    records = spark.createDataFrame(
-        [(b"c/j", value, "flink.metrics", 1, offset, None) for offset, value in enumerate(good + bad)],
-        "key binary, value binary, topic string, partition int, offset long, timestamp timestamp")
-    validated = validate_records(records, 300_000, now_ms_fn=lambda: NOW)
-    usable = [json.loads(r.value) for r in valid_values(validated).collect()]
-    assert usable == [json.loads(v) for v in good]
-    letters = [json.loads(r.value) for r in dead_letters(validated).collect()]
-    assert [(d["reason"], d["offset"], d["partition"], d["source_topic"], d["key"]) for d in letters] == [
-        ("malformed_json", 6, 1, "flink.metrics", "c/j"), ("unknown_kind", 7, 1, "flink.metrics", "c/j")]
+def test_a_jobs_records_split_into_used_events_and_dead_letters_with_their_origin():
+    from feature_store.job_features import features_for_events
+    from pipelines.detection.flink_job import FlinkJobState, ReadRules, Record
+
+    good = [e for e in example_events(30) if (e["cluster"], e["job_id"]) == (CHECKPOINT["cluster"], CHECKPOINT["job_id"])]
+    bad = [b"\xff\xfe garbage", encoded({**CHECKPOINT, "kind": "savepoint"}),
+           encoded({**CHECKPOINT, "job_id": "f" * 32})]  # routed to this job, naming another
+    values = [encoded(e) for e in good] + bad
+    records = [Record(value, b"c/j", "flink.metrics", 1, offset, NOW - 5) for offset, value in enumerate(values)]
+    job = FlinkJobState()
+    reading = job.read(records, NOW, ReadRules(300_000, 30 * 60_000, 10_000), key=(CHECKPOINT["cluster"], CHECKPOINT["job_id"]))
+    assert len(reading.rows) == len(features_for_events(good)) > 0
+    letters = reading.dead_letters
+    assert [(d["reason"], d["offset"], d["partition"], d["source_topic"], d["key"], d["kafka_timestamp"])
+            for d in letters] == [(reason, len(good) + i, 1, "flink.metrics", "c/j", NOW - 5) for i, reason in
+                                  enumerate(["malformed_json", "unknown_kind", "schema_violation"])]
+    assert "differ from" in letters[2]["error"]
     assert letters[0]["value_encoding"] == "base64"
     assert base64.b64decode(letters[0]["value"]) == bad[0]  # the original bytes, exactly
     assert letters[1]["value_encoding"] == "utf-8" and letters[1]["value"] == bad[1].decode()

@@ -12,7 +12,6 @@ import pytest
 from pipelines.collector.ledger import CheckpointLedger
 from pipelines.config import StorageConfig
 from feature_store.offline_store import append_feature_log
-from pipelines.detection.job import KEEP_POLICY_STATES, PolicyStore
 from pipelines.io.storage import Location, StorageError
 from tests.conftest import S3_CREDENTIALS
 
@@ -44,16 +43,6 @@ def test_files_are_written_whole_listed_and_deleted(root):
         (folder / "missing.json").read_text()
 
 
-def test_the_policy_state_lives_beside_the_checkpoint_and_keeps_the_last_few(root):
-    store = PolicyStore(root / "checkpoints" / "detection" / "policy")
-    for batch_id in range(KEEP_POLICY_STATES + 3):
-        store.save(batch_id, {"batch": batch_id})
-    assert store.directory.names() == [f"state-{i:012d}.json" for i in range(3, KEEP_POLICY_STATES + 3)]
-    # A re-run batch starts from the state before it, read back from the store.
-    assert store.load_before(KEEP_POLICY_STATES + 2) == {"batch": KEEP_POLICY_STATES + 1}
-    assert PolicyStore(store.directory).load_before(0) == {}
-
-
 def test_the_feature_log_is_parquet_by_date_one_file_per_batch(root):
     day = 86_400_000
     rows = pd.DataFrame({"ts": [day + 1, day + 2, 2 * day + 5]})
@@ -62,11 +51,11 @@ def test_the_feature_log_is_parquet_by_date_one_file_per_batch(root):
     for field in feature_row_schema().fields:
         if field.name != "ts":
             rows[field.name] = None
-    append_feature_log(rows, root / "live", batch_id=7)
-    append_feature_log(rows, root / "live", batch_id=7)  # a re-run batch overwrites its own file
+    append_feature_log(rows, root / "live", batch_id=7, part=1)
+    append_feature_log(rows, root / "live", batch_id=7, part=1)  # a re-run batch overwrites its own file
     assert (root / "live").names() == ["date=1970-01-02", "date=1970-01-03"]
-    assert (root / "live" / "date=1970-01-02").names() == ["live-batch-000000000007.parquet"]
-    filesystem, path = (root / "live" / "date=1970-01-02" / "live-batch-000000000007.parquet").arrow()
+    assert (root / "live" / "date=1970-01-02").names() == ["live-batch-000000000007-00001.parquet"]
+    filesystem, path = (root / "live" / "date=1970-01-02" / "live-batch-000000000007-00001.parquet").arrow()
     assert pq.read_table(path, filesystem=filesystem).column("ts").to_pylist() == [day + 1, day + 2]
 
 

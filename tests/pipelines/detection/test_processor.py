@@ -1,0 +1,121 @@
+"""The detection job's stateful stage on a real broker and Spark: it logs the batch definition's
+features for the events in the order they arrived, counts what it cannot use, and keeps state
+for live jobs only."""
+
+from __future__ import annotations
+
+import math
+
+from feature_store.definitions import FEATURE_NAMES
+from feature_store.job_features import features_for_events
+from feature_store.offline_store import read_features
+from pipelines import simulator
+from pipelines.detection.flink_job import replay
+from pipelines.detection.job import start_detection
+from pipelines.detection.scoring import ChampionCache
+from tests.feature_store.test_compute import as_a_collector_reports
+from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
+
+SEED = 11
+
+
+def run_in_chunks(spark, config, chunks):
+    """The job on a processing-time trigger, caught up after each chunk is published; returns
+    the running job's sinks and every progress of its query."""
+    job = start_detection(spark, config, ChampionCache(config))
+    try:
+        for chunk in chunks:
+            publish(config, chunk)
+            job.query.processAllAvailable()
+        progress = job.query.recentProgress
+    finally:
+        job.stop()
+    return job.sinks, progress
+
+
+def logged_features(spark, config) -> dict:
+    rows = read_features(spark, config.offline_store / "live").collect()
+    keyed = {(r.job_id, r.vertex_id, r.ts, r.trigger_kind): r.asDict() for r in rows}
+    assert len(keyed) == len(rows)  # no row twice
+    return keyed
+
+
+def test_the_live_job_logs_the_batch_features_of_what_arrived_and_replay_gives_its_incidents(
+        spark, detection_config, tmp_path):
+    config = detection_config
+    jobs = fleet(["leak_linear", "backpressure_slow_operator", "skew_hot_key", "healthy_steady"], SEED, 40)
+    arriving = as_a_collector_reports(list(simulator.merged_events(jobs)))
+    thirds = len(arriving) // 3
+    sinks, _ = run_in_chunks(spark, config, [arriving[:thirds], arriving[thirds:2 * thirds], arriving[2 * thirds:]])
+    expected = {(r["job_id"], r["vertex_id"], r["ts"], r["trigger_kind"]): r for r in features_for_events(arriving)}
+    logged = logged_features(spark, config)
+    assert logged.keys() == expected.keys()
+    for row_key, row in expected.items():
+        for name in FEATURE_NAMES:
+            a, b = logged[row_key][name], row[name]
+            assert (a == b) or (b is None and (a is None or math.isnan(a))), (row_key, name, a, b)
+    assert sinks.late == {}
+    published = read_topic(config, config.topics.incidents)
+    assert {i["family"] for i in published if i["event"] == "opened"} >= {"state_leak", "backpressure", "skew"}
+    assert sinks.incidents_published == len(published)
+    # The replay of the same records in the same order: the same incident events, whatever the micro-batches.
+    expected_incidents = replay(config, [write_jsonl(tmp_path / "arrived.jsonl", arriving)],
+                                ChampionCache(config).require()).incidents
+    assert sorted(map(key, published)) == sorted(map(key, expected_incidents))
+
+
+def test_late_events_are_counted_not_silently_lost(spark, detection_config):
+    """Three ways to be late: behind the job's latest event by more than the allowed lateness,
+    out of order in its stream, behind the whole input by more than the sources' delay (which
+    Spark drops before the job sees it). Each is counted; none reaches the features."""
+    config = detection_config
+    config.features.max_source_delay_s = 120.0
+    (job,) = fleet(["healthy_steady"], SEED, 10)
+    events = job.events
+    last = events[-1]["ts"]
+    checkpoint = next(e for e in reversed(events) if e["kind"] == "checkpoint")
+    sample = next(e for e in reversed(events) if e["kind"] == "vertex_metrics")
+    behind_job = {**checkpoint, "checkpoint_id": checkpoint["checkpoint_id"] + 1000, "ts": last - 60_000,
+                  "trigger_ts": last - 61_000}
+    out_of_order = {**sample, "ts": sample["ts"] - 1}
+    behind_input = {**checkpoint, "checkpoint_id": checkpoint["checkpoint_id"] + 2000, "ts": last - 5 * 60_000,
+                    "trigger_ts": last - 5 * 60_000 - 1000}
+    sinks, progress = run_in_chunks(spark, config, [events, [behind_job, out_of_order, behind_input]])
+    assert sinks.late == {"late": 1, "out_of_order": 1}
+    dropped = sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress if p["stateOperators"])
+    assert dropped == 1
+    metrics = config.detection.metrics_file.read_text()
+    assert 'checkpoint_sentinel_late_events_total{reason="late"} 1' in metrics
+    assert 'checkpoint_sentinel_late_events_total{reason="out_of_order"} 1' in metrics
+    # The features are those of the events in time, as if the late ones had never come.
+    assert logged_features(spark, config).keys() == {(r["job_id"], r["vertex_id"], r["ts"], r["trigger_kind"])
+                                                    for r in features_for_events(events)}
+
+
+def test_state_is_kept_for_live_jobs_not_for_jobs_ever_seen(spark, detection_config, new_topic):
+    config = detection_config
+    config.topics.input = new_topic(partitions=1)
+    config.features.idle_timeout_s = 120.0
+    config.features.max_source_delay_s = 30.0
+    start = simulator.DEFAULT_START_TS
+    # 10 jobs alive at any time, each reporting every 15 s for 5 minutes, then gone for good.
+    events = simulator.rotating_job_events(10, 20, 15_000, 48 * 60_000, start_ts=start)
+    span = 48 * 60_000
+    chunks = [[e for e in events if k * span // 8 <= e["ts"] - start < (k + 1) * span // 8] for k in range(8)]
+    job = start_detection(spark, config, ChampionCache(config))
+    state_rows = []
+    try:
+        for chunk in chunks:
+            publish(config, chunk)
+            job.query.processAllAvailable()
+            state_rows.append(job.query.lastProgress["stateOperators"][0]["numRowsTotal"])
+    finally:
+        job.stop()
+    seen = [len({e["job_id"] for e in events if e["ts"] <= max(c["ts"] for c in chunk)}) for chunk in chunks]
+    # Jobs ever seen keep growing; the state stays where it was once the first jobs were forgotten.
+    assert seen[-1] > 4 * seen[0], seen
+    assert max(state_rows[2:]) <= 1.3 * state_rows[1], (state_rows, seen)
+    assert state_rows[-1] < 0.5 * seen[-1], (state_rows, seen)  # a few rows per *live* job only
+    # Every row of every job was logged before its job was forgotten.
+    logged = logged_features(spark, config)
+    assert len(logged) == len(features_for_events(events))
