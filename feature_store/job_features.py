@@ -220,14 +220,15 @@ class JobFeatureState:
     age_checkpoints: int = 0
     checkpoints: list = field(default_factory=list)  # [ts, failed, e2e_ms, persisted_inflight]
     completed: list = field(default_factory=list)  # last completed: [ts, total, checkpointed, {vid: [state, max_sub]}, max_sub]
-    completed_long: list = field(default_factory=list)  # thinned over LONG_WINDOW_MS, same entries
+    completed_long: list = field(default_factory=list)  # thinned over LONG_WINDOW_MS: [ts, total, [state of vertex i]]
+    long_vertices: list = field(default_factory=list)  # the vertex ids ``completed_long``'s lists follow
     vertex_names: dict = field(default_factory=dict)
     vertex_checkpoint: dict = field(default_factory=dict)  # vid: {states, delays, alignments}
     barrier_waits: dict = field(default_factory=dict)  # vid: [[ts, max start delay, max alignment], ...]
     polls: dict = field(default_factory=dict)  # vid: [[busy_max, busy_mean, bp_max, bp_mean, idle_mean, in_pool, out_pool, [records...]], ...]
     status: dict = field(default_factory=dict)
     heap: list = field(default_factory=list)  # [[ts, ratio], ...]
-    restarts: list = field(default_factory=list)  # [[ts, num_restarts], ...]
+    restarts: list = field(default_factory=list)  # [[ts, num_restarts]] where it changed, the window's start on
     terminated: bool = False
     last_failure: list | None = None  # [ts, failure message] of the latest FAILED checkpoint
     first_seen_ts: int | None = None
@@ -414,7 +415,14 @@ class JobFeatureState:
             self._plateau(vid, [[e[0], e[3][vid][0]] for e in window if vid in e[3]])
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
-            self.completed_long.append(entry)
+            # What the long-horizon trends read, the vertices by their place in long_vertices (a
+            # job's state is read and written whole at every micro-batch: ids repeated in 240
+            # entries were most of it).
+            for vid in per_vertex:
+                if vid not in self.long_vertices:
+                    self.long_vertices.append(vid)
+            self.completed_long.append([ts, entry[1], [per_vertex[vid][0] if vid in per_vertex else None
+                                                       for vid in self.long_vertices]])
         self.completed_long = [e for e in self.completed_long if e[0] >= ts - LONG_WINDOW_MS]
 
     def _job_status(self, event: dict) -> None:
@@ -430,8 +438,12 @@ class JobFeatureState:
         if self.restarts and event["num_restarts"] > self.restarts[-1][1]:
             self.restarted_ts = ts
             self.run_first_checkpoint_ts = None
-        self.restarts.append([ts, event["num_restarts"]])
-        self.restarts = [r for r in self.restarts if r[0] >= ts - RESTART_WINDOW_MS]
+        # Only where the counter changed: the value at any poll is the last change before it (a
+        # status poll every few seconds made this most of a job's state).
+        if not self.restarts or event["num_restarts"] != self.restarts[-1][1]:
+            self.restarts.append([ts, event["num_restarts"]])
+        while len(self.restarts) > 1 and self.restarts[1][0] <= ts - RESTART_WINDOW_MS:
+            del self.restarts[0]  # the first entry holds the value at the window's start
         total = event.get("checkpoints_failed_total")
         if total is not None:
             previous = self.failed_polled
@@ -601,7 +613,7 @@ class JobFeatureState:
         f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
         (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
          f["vertex_state_deceleration"]) = self._long_trends(
-            vid, lambda: [[e[0], e[3][vid][0]] for e in self.completed_long if vid in e[3]])
+            vid, lambda: self._long_vertex_series(vid))
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None
@@ -618,6 +630,12 @@ class JobFeatureState:
         f["start_delay_max_over_median"] = max(delays) / max(median, 1.0) if delays and len(delays) >= 2 else None
         f["state_reported"] = (1.0 if any(s is not None for s in detail.get("states", [])) else 0.0) if detail else None
         return f
+
+    def _long_vertex_series(self, vid: str) -> list:
+        if vid not in self.long_vertices:
+            return []
+        i = self.long_vertices.index(vid)
+        return [[e[0], e[2][i]] for e in self.completed_long if i < len(e[2]) and e[2][i] is not None]
 
     def _poll_features(self, vid: str) -> dict[str, Any]:
         """A vertex's features of its metric polls; busy and backpressured times still in ms/s."""
