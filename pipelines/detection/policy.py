@@ -139,23 +139,30 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     """
     if scores.empty:
         return _terminal(state, rows)
-    scored = _scored(rows, scores, rules)
-    _forget_returning_jobs(state, scored, settings.forget_after_ms)
-    decided = _decisions(state, scored, rules, settings)
-    active = _active(state, scored, decided)
-    events = _transitions(state, rows, scored[active].reset_index(drop=True), decided[active], rules, settings)
-    _remember(state, scored[~active], rules)
+    scored, names = _scored(rows, scores, rules)
+    _forget_returning_jobs(state, scored, names, settings.forget_after_ms)
+    decided = _decisions(state, scored, names, rules, settings)
+    active = _active(state, scored, names, decided)
+    events = _transitions(state, rows, scored[active].reset_index(drop=True), names, decided[active], rules, settings)
+    _remember(state, scored[~active], names, rules)
     return events + _terminal(state, rows)
 
 
 _ROW_KEYS = ("cluster", "job_id", "job_name", "job_state", "vertex_id", "ts")
 
 
-def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRule]) -> pd.DataFrame:
+@dataclass(frozen=True)
+class _Names:
+    """The state keys of the numbered jobs and (job, family, vertex) entities of a batch."""
+
+    jobs: np.ndarray
+    entities: np.ndarray
+
+
+def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRule]) -> tuple[pd.DataFrame, _Names]:
     """One row per score, in the order the policy walks them (job, event time, causes first,
     vertex), with the few row columns the decisions read; ``_row`` points back into ``rows``,
-    ``_job`` and ``_entity`` number the jobs and (job, family, vertex) entities, whose state keys
-    are in ``attrs``."""
+    ``_job`` and ``_entity`` number the jobs and (job, family, vertex) entities."""
     positions = rows.index.get_indexer(scores["row"])
     scores = scores[positions >= 0]
     positions = positions[positions >= 0]
@@ -183,16 +190,15 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     _, first, entity = np.unique(entity_code, return_index=True, return_inverse=True)
     scored["_entity"] = entity
     entities = np.array([f"{EVALUATION_ORDER[family[i]]}/{vertices[vertex[i]]}" for i in first] or [""], dtype=object)
-    scored.attrs.update(jobs=jobs, entities=entities)
-    return scored
+    return scored, _Names(jobs, entities)
 
 
-def _forget_returning_jobs(state: dict, scored: pd.DataFrame, forget_after_ms: int) -> None:
+def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: _Names, forget_after_ms: int) -> None:
     """A job back after ``forget_after_ms`` of silence with nothing open starts afresh, as its
     feature state does after the idle timeout: its old scores say nothing about its new run.
     Judged on the job's own event time only, so it does not matter which other jobs share the
     batch (the live job steps whatever jobs a micro-batch partition holds)."""
-    jobs = scored.attrs["jobs"]
+    jobs = names.jobs
     for code, ts in scored.groupby("_job", sort=False)["ts"].min().items():
         job = state.get(jobs[code])
         if job is not None and ts - job.get("_last_ts", ts) > forget_after_ms and not any_open(job):
@@ -204,13 +210,13 @@ def any_open(job: dict) -> bool:
     return any(isinstance(e, dict) and e.get("open") for e in job.values())
 
 
-def _active(state: dict, scored: pd.DataFrame, decided: np.ndarray) -> np.ndarray:
+def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarray) -> np.ndarray:
     """Rows of the entities this batch can change: open before it, or decided at some row of it.
     The others only extend their score history, which needs no walk in event-time order."""
-    changing = np.zeros(len(scored.attrs["entities"]), dtype=bool)
+    changing = np.zeros(len(names.entities), dtype=bool)
     entity = scored["_entity"].to_numpy()
     changing[entity[decided]] = True
-    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    jobs, entities = names.jobs, names.entities
     first = np.unique(entity, return_index=True)[1]
     for code, job_code in zip(entity[first].tolist(), scored["_job"].to_numpy()[first].tolist()):
         if not changing[code]:
@@ -219,10 +225,10 @@ def _active(state: dict, scored: pd.DataFrame, decided: np.ndarray) -> np.ndarra
     return changing[entity]
 
 
-def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, decided: np.ndarray,
+def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _Names, decided: np.ndarray,
                  rules: Mapping[str, PostRule], settings: PolicySettings) -> list[dict]:
     """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
-    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    jobs, entities = names.jobs, names.entities
     columns = {name: scored[name].tolist() for name in scored.columns}
     positions = sorted(set(columns["_row"]))
     # NaN is the only value unequal to itself: the cheap test, on every column.
@@ -259,12 +265,12 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, decided:
     return events
 
 
-def _remember(state: dict, scored: pd.DataFrame, rules: Mapping[str, PostRule]) -> None:
+def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule]) -> None:
     """Extend the score and evidence history of entities nothing happened to (their last ``n``
     scores, their last recent values), and each job's latest event time."""
     if scored.empty:
         return
-    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    jobs, entities = names.jobs, names.entities
     for code, ts in scored.groupby("_job", sort=False)["ts"].max().items():
         job = state.setdefault(jobs[code], {})
         job["_last_ts"] = max(job.get("_last_ts", 0), int(ts))
@@ -289,12 +295,13 @@ def _remember(state: dict, scored: pd.DataFrame, rules: Mapping[str, PostRule]) 
                 record["recent"] = (record["recent"] + fresh)[-RECENT_VALUES:]
 
 
-def _decisions(state: dict, scored: pd.DataFrame, rules: Mapping[str, PostRule], settings: PolicySettings) -> np.ndarray:
+def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule],
+               settings: PolicySettings) -> np.ndarray:
     """Each row's post-rule decision, one vectorised call per family: every entity continues the
     persistence count from the scores the state kept of it; each job gets its own warm-up
     horizon, and a configured state limit shortens the leak's ETA to its limit."""
     decided = np.zeros(len(scored), dtype=bool)
-    jobs, entities = scored.attrs["jobs"], scored.attrs["entities"]
+    jobs, entities = names.jobs, names.entities
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
         rule = rules[family]
