@@ -337,6 +337,10 @@ class DetectionConfig(_Strict):
     job_overrides: list[JobOverride] = Field(default_factory=list, description="Per-job warm-up horizon, state "
                                                                                "limit and muted families.")
     max_future_s: float = Field(300.0, gt=0, description="Events further in the future than this are rejected.")
+    state_buckets: int = Field(64, ge=1, description="The buckets Flink jobs are hashed into in Spark's state store "
+                                                     "(each costs a little per micro-batch; a few per shuffle "
+                                                     "partition at least). Changing it makes every job start "
+                                                     "afresh once.")
     gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
                                                              "(it runs beside the job, off its critical path).")

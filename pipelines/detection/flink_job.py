@@ -1,8 +1,8 @@
 """One Flink job's detection, record by record: what the live job keeps per Flink job in Spark's
 state store, and the pure steps that advance it.
 
-:class:`FlinkJobState` holds a job's feature state machine, its entry of the incident policy's
-state and when the job is due to be forgotten. :meth:`FlinkJobState.read` takes the job's Kafka
+:class:`FlinkJobState` holds a job's feature state machine and its entry of the incident
+policy's state. :meth:`FlinkJobState.read` takes the job's Kafka
 records in the order they arrived: each is validated (a dead letter, or an event), then used or
 counted late (:meth:`~feature_store.job_features.JobFeatureState.refusal`); the feature rows the
 used events trigger are returned. :func:`decide` scores the rows of any set of jobs at once and
@@ -79,21 +79,19 @@ def job_key(cluster: str, job_id: str) -> str:
 
 
 class FlinkJobState:
-    """A Flink job's feature state machine, its policy entry and its eviction time."""
+    """A Flink job's feature state machine and its entry of the incident policy's state."""
 
-    def __init__(self, machine: JobFeatureState | None = None, policy_state: dict | None = None,
-                 evict_at: int | None = None):
+    def __init__(self, machine: JobFeatureState | None = None, policy_state: dict | None = None):
         self.machine = machine or JobFeatureState()
         self.policy = policy_state if policy_state is not None else {}
-        self.evict_at = evict_at
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "FlinkJobState":
         stored = orjson.loads(data)
-        return cls(JobFeatureState(**stored["machine"]), stored["policy"], stored["evict_at"])
+        return cls(JobFeatureState(**stored["machine"]), stored["policy"])
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"machine": self.machine.to_dict(), "policy": self.policy, "evict_at": self.evict_at},
+        return orjson.dumps({"machine": self.machine.to_dict(), "policy": self.policy},
                             option=orjson.OPT_SERIALIZE_NUMPY)
 
     def read(self, records: Iterable[Record], now_ms: int, rules: ReadRules,
@@ -131,7 +129,7 @@ class FlinkJobState:
         """What is kept of a job silent for the idle timeout: only an open incident (which the
         job's next events may resolve); None when there is nothing to keep."""
         if policy.any_open(self.policy):
-            return FlinkJobState(JobFeatureState(), self.policy, None)
+            return FlinkJobState(JobFeatureState(), self.policy)
         return None
 
     def compact(self) -> None:

@@ -1,20 +1,23 @@
 """The detection job's one stateful stage: Kafka records in, incidents, dead letters and feature
 rows out, with every Flink job's state in Spark's state store.
 
-:func:`detect` keys the input records by Flink job (read from their JSON by Spark itself, with a
-plausible event time for the watermark) and runs :class:`DetectionProcessor`, Spark's
-``transformWithState``, on the executors. Per micro-batch and job, ``handleInputRows`` validates
-the job's records in the order they arrived and consumes the usable ones
+:func:`detect` keys the input records by Flink job (read by Spark itself, from the record key or
+the JSON, with a plausible event time for the watermark) and runs :class:`DetectionProcessor`,
+Spark's ``transformWithState``, on the executors. Per micro-batch and job, ``handleInputRows``
+validates the job's records in the order they arrived and consumes the usable ones
 (:meth:`FlinkJobState.read`). Scoring is one vectorised call per model over every job of the
-partition, not one per job (a scikit-learn call costs about a millisecond whatever its size), so
-each job registers a timer due at once, and Spark's timer phase, which follows the input rows in
-the same task, scores the partition's rows and steps the policy of all its jobs
-(:func:`~pipelines.detection.flink_job.decide`) at the first timer, then gives each job its
-incidents and writes its state at its own timer. The models are loaded once per Python worker and
-follow their alias (:func:`~pipelines.detection.scoring.worker_champions`).
+partition, not one per job (a scikit-learn call costs about a millisecond whatever its size),
+so each state key registers a timer due at once, and Spark's timer phase, which follows the
+input rows in the same task, scores the partition's rows and steps the policy of all its jobs
+(:func:`~pipelines.detection.flink_job.decide`) at the first timer, then gives each key its
+incidents and writes its jobs' states at its own timer. The models are loaded once per Python
+worker and follow their alias (:func:`~pipelines.detection.scoring.worker_champions`).
 
-Each job has one state value (feature state machine, policy entry, eviction time) and one
-eviction timer: a job silent for the idle timeout, once the watermark has passed that, is
+A state key is a *bucket* of Flink jobs (``detection.state_buckets``, by a hash of the job), not
+one job: each key costs a handful of round trips to Spark's state server per micro-batch (about
+a millisecond each, measured), each Flink job in it only two (its state read and written, in the
+bucket's map). A bucket also keeps when each of its jobs is due to be forgotten and one timer at
+the earliest: a job silent for the idle timeout, once the watermark has passed that, is
 forgotten, keeping only an incident still open. Records whose JSON names no job are validated
 here too, without state, and come out as dead letters.
 
@@ -29,9 +32,8 @@ from __future__ import annotations
 from typing import Iterator
 
 import orjson
-import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
@@ -48,134 +50,175 @@ INCIDENT, DEAD_LETTER, FEATURES, LATE, SAMPLE, MODELS = "incident", "dead_letter
 OUTPUT_SCHEMA = StructType([StructField("kind", StringType()), StructField("key", StringType()),
                             StructField("payload", BinaryType()), StructField("count", LongType())])
 STATE_SCHEMA = StructType([StructField("state", BinaryType())])
+JOB_KEY_SCHEMA = StructType([StructField("job", StringType())])
 FEATURE_ROW_ARROW_SCHEMA = to_arrow_schema(feature_row_schema())
 
 
-def detection_input(records: DataFrame, max_future_ms: int) -> DataFrame:
-    """Kafka records keyed by the Flink job their JSON names, with a plausible event time.
+# The input topic's key, ``<cluster>/<job_id>`` (a Flink JobID is 32 hex digits).
+CONTRACT_KEY = r"^(.+)/([0-9a-f]{32})$"
 
-    Spark reads ``cluster``, ``job_id`` and ``ts`` itself (no Python on the way to the shuffle).
-    The event time is null where ``ts`` is not a plausible epoch millisecond (before 2001, or
-    further in the future than clock skew explains), so that one bad record cannot move the
-    watermark; such records still reach the processor, which names their fault.
+
+def detection_input(records: DataFrame, max_future_ms: int) -> DataFrame:
+    """Kafka records keyed by the Flink job they are about, with a plausible event time.
+
+    Spark reads the job from the record's key as the input contract sets it (``<cluster>/<job_id>``;
+    from the JSON when a producer keys otherwise) and the event time from the JSON, with no Python
+    on the way to the shuffle. The event time is null where ``ts`` is not a plausible epoch
+    millisecond (before 2001, or further in the future than clock skew explains), so that one bad
+    record cannot move the watermark; such records still reach the processor, which names their
+    fault, as it does for an event whose JSON names another job than its key.
     """
-    head = F.from_json(F.col("value").cast("string"), "cluster string, job_id string, ts long")
-    plausible = head["ts"].between(EARLIEST_TS, F.unix_millis(F.current_timestamp()) + max_future_ms)
-    return records.select(head["cluster"].alias("cluster"), head["job_id"].alias("job_id"),
-                          F.when(plausible, F.timestamp_millis(head["ts"])).alias("event_time"),
-                          "key", "value", "topic", "partition", "offset",
-                          F.unix_millis("timestamp").alias("kafka_timestamp_ms"))
+    key, value = F.col("key").cast("string"), F.col("value").cast("string")
+    keyed = key.rlike(CONTRACT_KEY)
+    # Two projections: Spark keeps one that would repeat the JSON read apart, so it is read once.
+    read = records.select(
+        F.when(keyed, F.regexp_extract(key, CONTRACT_KEY, 1)).otherwise(F.get_json_object(value, "$.cluster"))
+        .alias("cluster"),
+        F.when(keyed, F.regexp_extract(key, CONTRACT_KEY, 2)).otherwise(F.get_json_object(value, "$.job_id"))
+        .alias("job_id"),
+        F.get_json_object(value, "$.ts").cast("long").alias("ts"),
+        "key", "value", "topic", "partition", "offset", F.unix_millis("timestamp").alias("kafka_timestamp_ms"))
+    plausible = F.col("ts").between(EARLIEST_TS, F.unix_millis(F.current_timestamp()) + max_future_ms)
+    return read.select("cluster", "job_id", F.when(plausible, F.timestamp_millis("ts")).alias("event_time"),
+                       "key", "value", "topic", "partition", "offset", "kafka_timestamp_ms")
 
 
 def detect(records: DataFrame, config) -> DataFrame:
     """The streaming detection over Kafka records: one output row per incident event, dead letter,
     late count, data-quality sample, and per partition and micro-batch its feature rows."""
     keyed = detection_input(records, int(config.detection.max_future_s * 1000))
+    # Flink jobs in buckets: every state key costs a few round trips to Spark's state server per
+    # micro-batch (about a millisecond each, measured), a Flink job in a bucket only two.
+    bucket = F.pmod(F.xxhash64("cluster", "job_id"), F.lit(config.detection.state_buckets)).cast("int")
     return (keyed.withWatermark("event_time", config.features.watermark_delay)
-            .groupBy("cluster", "job_id")
-            .transformWithStateInPandas(statefulProcessor=DetectionProcessor(config), outputStructType=OUTPUT_SCHEMA,
-                                        outputMode="Append", timeMode="EventTime"))
+            .withColumn("bucket", bucket).groupBy("bucket")
+            .transformWithState(statefulProcessor=DetectionProcessor(config), outputStructType=OUTPUT_SCHEMA,
+                                outputMode="Append", timeMode="EventTime"))
 
 
 class DetectionProcessor(StatefulProcessor):
+    """Per bucket of Flink jobs: a map of their states (``jobs``), their eviction times and the
+    bucket's one eviction timer (``dues``). A job's state is read only when it has records."""
+
     def __init__(self, config):
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.state = handle.getValueState("job", STATE_SCHEMA)
+        self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
+        self.dues = handle.getValueState("dues", STATE_SCHEMA)
         self.rules = ReadRules.from_config(self.config)
         self.settings = PolicySettings.from_config(self.config)
-        self.pending: dict[str, FlinkJobState] = {}  # this task's jobs that had records, until their timer
+        # This task's buckets that had records, until their timer: their jobs' states and readings.
+        self.pending: dict[int, dict[str, FlinkJobState]] = {}
         self.readings: dict[str, Reading] = {}
+        self.bucket_dues: dict[int, dict] = {}
         self.incidents: dict[str, list[dict]] | None = None  # each pending job's, once decided
 
-    # --- records of one job ------------------------------------------------------------------
+    # --- records of one bucket -----------------------------------------------------------------
 
-    def handleInputRows(self, key, rows, timerValues) -> Iterator[pd.DataFrame]:
-        records = sorted((Record(*fields) for frame in rows for fields in zip(
-            frame["value"].tolist(), frame["key"].tolist(), frame["topic"].tolist(), frame["partition"].tolist(),
-            frame["offset"].tolist(), [None if t != t else int(t) for t in frame["kafka_timestamp_ms"].tolist()])),
-            key=lambda r: (r.partition, r.offset))
-        cluster, job_id = key
+    def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:
+        (bucket,) = key
         now_ms = timerValues.getCurrentProcessingTimeInMs()  # the batch's time: a re-run judges alike
-        if cluster is None or job_id is None:
-            # Records whose JSON names no job: each is a dead letter (with the reason it cannot be used).
-            yield from _outputs(FlinkJobState().read(records, now_ms, self.rules, key=(cluster, job_id)))
-            return
-        job = self._load() or FlinkJobState()
-        reading = job.read(records, now_ms, self.rules, key=(cluster, job_id))
-        name = job_key(cluster, job_id)
-        self.pending[name], self.readings[name] = job, reading
+        by_job: dict[tuple, list[Record]] = {}
+        for r in rows:
+            by_job.setdefault((r["cluster"], r["job_id"]), []).append(
+                Record(r["value"], r["key"], r["topic"], r["partition"], r["offset"], r["kafka_timestamp_ms"]))
+        dues = self._dues()
+        pending = self.pending.setdefault(bucket, {})
+        for (cluster, job_id), records in by_job.items():
+            records.sort(key=lambda r: (r.partition, r.offset))  # each job's records in the order they arrived
+            if cluster is None or job_id is None:
+                # Records whose JSON names no job: each is a dead letter (with the reason it cannot be used).
+                yield from _outputs(FlinkJobState().read(records, now_ms, self.rules, key=(cluster, job_id)))
+                continue
+            name = job_key(cluster, job_id)
+            job = self._job(name) if name in dues["due"] else FlinkJobState()
+            self.readings[name] = job.read(records, now_ms, self.rules, key=(cluster, job_id))
+            pending[name] = job
+            yield from _outputs(self.readings[name])
+        self.bucket_dues[bucket] = dues
         # Due at once: the timer phase of this same task scores and decides every pending job.
         self.handle.registerTimer(max(timerValues.getCurrentWatermarkInMs(), 0))
-        yield from _outputs(reading)
 
     # --- the timer phase -----------------------------------------------------------------------
 
-    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
+    def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[Row]:
+        (bucket,) = key
         watermark = timerValues.getCurrentWatermarkInMs()
         if self.incidents is None and self.pending:
             yield from self._decide()
-        name = job_key(*key)
-        job = self.pending.pop(name, None)
-        if job is not None:
-            incidents = self.incidents.pop(name, [])
-            if incidents:
-                yield _frame([(INCIDENT, i["incident_id"], orjson.dumps(i), 1) for i in incidents])
-            job.compact()
-            self._settle(job, watermark)
-            return
-        job = self._load()
-        if job is not None and job.evict_at == expiredTimerInfo.getExpiryTimeInMs():
-            job.evict_at = None  # the eviction timer, firing now; any other is a decision's, already served
-            self._settle(job, watermark)
+        jobs = self.pending.pop(bucket, None)
+        if jobs is not None:
+            dues = self.bucket_dues.pop(bucket)
+            for name, job in jobs.items():
+                for incident in self.incidents.pop(name, []):
+                    yield Row(kind=INCIDENT, key=incident["incident_id"], payload=orjson.dumps(incident), count=1)
+                job.compact()
+                self.jobs.updateValue((name,), (job.to_bytes(),))
+                dues["due"][name] = job.due(self.rules)
+        else:
+            dues = self._dues()
+            if dues["timer"] != expiredTimerInfo.getExpiryTimeInMs():
+                return  # a decision's timer, already served
+            dues["timer"] = None  # the eviction timer, firing now
+        self._sweep(dues, watermark)
 
-    def _decide(self) -> Iterator[pd.DataFrame]:
-        rows = feature_frame([row for name in self.pending for row in self.readings[name].rows])
+    def _decide(self) -> Iterator[Row]:
+        names = [name for jobs in self.pending.values() for name in jobs]
+        rows = feature_frame([row for name in names for row in self.readings[name].rows])
         self.readings.clear()
         if rows.empty:
             self.incidents = {}
             return
         cache = worker_champions(self.config)
-        self.incidents = decide(self.pending, rows, cache.ready(), self.settings)
-        yield _frame([(FEATURES, None, _arrow_stream(rows), len(rows)),
-                      (MODELS, cache.registry_error,
-                       orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), len(rows))])
+        self.incidents = decide({name: job for jobs in self.pending.values() for name, job in jobs.items()}, rows,
+                                cache.ready(), self.settings)
+        yield Row(kind=FEATURES, key=None, payload=_arrow_stream(rows), count=len(rows))
+        yield Row(kind=MODELS, key=cache.registry_error,
+                  payload=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), count=len(rows))
 
-    def _settle(self, job: FlinkJobState, watermark: int) -> None:
-        """Keep the job with one eviction timer, or forget it once it has been silent for the idle
-        timeout as far as the watermark knows."""
-        if job.evict_at is not None and job.evict_at <= watermark:
-            job.evict_at = None  # its timer expires in this batch: counted as fired
-        due = job.due(self.rules)
-        if due is not None and watermark >= due:
-            job = job.forgotten()
-            if job is None:
-                self.state.clear()
-                return
-        elif due is not None and job.evict_at is None:
-            self.handle.registerTimer(due)
-            job.evict_at = due
-        self.state.update((job.to_bytes(),))
+    def _sweep(self, dues: dict, watermark: int) -> None:
+        """Forget the bucket's jobs silent for the idle timeout as far as the watermark knows
+        (keeping only an incident still open), and keep one timer at the next job due."""
+        for name, due in list(dues["due"].items()):
+            if due is not None and watermark >= due:
+                kept = self._job(name).forgotten()
+                if kept is None:
+                    self.jobs.removeKey((name,))
+                    del dues["due"][name]
+                else:
+                    self.jobs.updateValue((name,), (kept.to_bytes(),))
+                    dues["due"][name] = None  # kept for its open incident, until the job reports again
+        if dues["timer"] is not None and dues["timer"] <= watermark:
+            dues["timer"] = None  # expires in this batch: counted as fired
+        upcoming = [due for due in dues["due"].values() if due is not None]
+        if upcoming and dues["timer"] is None:
+            dues["timer"] = min(upcoming)
+            self.handle.registerTimer(dues["timer"])
+        if dues["due"]:
+            self.dues.update((orjson.dumps(dues),))
+        else:
+            self.dues.clear()
 
-    def _load(self) -> FlinkJobState | None:
-        return FlinkJobState.from_bytes(self.state.get()[0]) if self.state.exists() else None
+    def _dues(self) -> dict:
+        stored = self.dues.get() if self.dues.exists() else None
+        return {"due": {}, "timer": None} if stored is None else orjson.loads(stored[0])
+
+    def _job(self, name: str) -> FlinkJobState:
+        return FlinkJobState.from_bytes(self.jobs.getValue((name,))[0])
 
     def close(self) -> None:
         pass
 
 
-def _outputs(reading: Reading) -> Iterator[pd.DataFrame]:
-    rows = ([(DEAD_LETTER, letter["key"], orjson.dumps(letter), 1) for letter in reading.dead_letters]
-            + [(LATE, reason, None, count) for reason, count in reading.late.items()]
-            + [(SAMPLE, None, value, 1) for value in reading.samples])
-    if rows:
-        yield _frame(rows)
-
-
-def _frame(rows: list[tuple]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=OUTPUT_SCHEMA.fieldNames())
+def _outputs(reading: Reading) -> Iterator[Row]:
+    for letter in reading.dead_letters:
+        yield Row(kind=DEAD_LETTER, key=letter["key"], payload=orjson.dumps(letter), count=1)
+    for reason, count in reading.late.items():
+        yield Row(kind=LATE, key=reason, payload=None, count=count)
+    for value in reading.samples:
+        yield Row(kind=SAMPLE, key=None, payload=value, count=1)
 
 
 def _arrow_stream(rows) -> bytes:
