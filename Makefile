@@ -21,7 +21,6 @@ test: java
 bench: java
 	$(BIN)/python benchmarks/validation.py
 	$(BIN)/python benchmarks/kafka_io.py
-	$(BIN)/python benchmarks/features.py
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/collector.py
 	$(BIN)/python benchmarks/decisions.py

@@ -12,6 +12,9 @@ incident policy, incident and dead-letter topics, feature log) on the embedded b
   and the latency from an incident's event time to its record on the incident topic.
 * ``latency``: one job of each scenario in real time on a 2 s trigger (faults every few minutes).
 * ``scaling``: throughput and state for 1k, 4k and 16k live jobs (a minute of each).
+* ``rotation``: state against live and ever-seen jobs: seed 001's key rotation with Flink jobs as
+  the keys (``--live-jobs`` alive at any time, each reporting twice 10 minutes apart and then never
+  again, replaced at once), in 10-minute slices of event time; the state store's rows after each.
 
 Usage: ``.venv/bin/python benchmarks/detection.py [throughput|fleet|latency|scaling ...]`` (all by
 default). Needs trained champions in the configured registry (``make run`` or ``sentinel train``).
@@ -23,8 +26,8 @@ import argparse
 import json
 import os
 import sys
+import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +44,7 @@ from benchmarks.kafka_io import machine, raw_consume  # noqa: E402
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
+from benchmarks.fleet_publisher import encoded, publish, target  # noqa: E402
 from pipelines.contracts import input_event_key  # noqa: E402
 from pipelines.detection.job import start_detection  # noqa: E402
 from pipelines.detection.scoring import ChampionCache  # noqa: E402
@@ -62,34 +66,6 @@ def fresh_topics(config, tag: str):
     return cfg
 
 
-def encoded(jobs) -> list[tuple[int, bytes, bytes]]:
-    """The fleet's events as records (event time, key, value), in event-time order."""
-    records = [(e["ts"], input_event_key(e), json.dumps(e, separators=(",", ":")).encode())
-               for job in jobs for e in job.events]
-    records.sort(key=lambda r: r[0])
-    return records
-
-
-def publish(cfg, records, pace: bool = False, stop: threading.Event | None = None) -> int:
-    """Send ``records``; paced, each when the wall clock reaches its event time."""
-    producer = kafka_clients.make_producer(cfg.kafka.bootstrap_servers, cfg.kafka.client_kwargs(),
-                                           linger_ms=20, batch_size=256 * 1024)
-    sent = 0
-    for ts, key, value in records:
-        if pace:
-            wait = ts / 1000.0 - time.time()
-            if wait > 0:
-                producer.flush()
-                time.sleep(wait)
-            if stop is not None and stop.is_set():
-                break
-        producer.send(cfg.topics.input, key=key, value=value)
-        sent += 1
-    producer.flush()
-    producer.close()
-    return sent
-
-
 def run_to_end(spark, cfg, available_now: bool, expected: int, timeout_s: float = 3600):
     """The job on ``cfg`` until it has read ``expected`` records; (seconds, job, progress)."""
     cache = ChampionCache(cfg)
@@ -109,6 +85,13 @@ def run_to_end(spark, cfg, available_now: bool, expected: int, timeout_s: float 
     finally:
         job.stop()
     return elapsed, job, progress
+
+
+def phases(progress) -> str:
+    """The median of each part of a micro-batch (Spark's ``durationMs``), in ms."""
+    names = sorted({name for p in progress for name in (p["durationMs"] or {})})
+    return ", ".join(f"{name} {np.median([p['durationMs'].get(name, 0) for p in progress]):,.0f}"
+                     for name in names)
 
 
 # --- throughput -------------------------------------------------------------------------------------
@@ -134,13 +117,14 @@ def throughput(spark, config, max_per_batch: int, out) -> None:
             if not available_now:
                 cfg.spark.trigger_interval = "2 seconds"
                 cfg.kafka.max_offsets_per_trigger = max_per_batch
-            publish(cfg, records)
+            publish(target(cfg), records)
             if available_now:
                 ceiling = raw_consume(cfg, cfg.topics.input, len(records))
             elapsed, job, progress = run_to_end(spark, cfg, available_now, len(records))
             rates.append(len(records) / elapsed)
             out(f"<!-- {name}: {'AvailableNow' if available_now else 'processing time'}: {len(records)} events in "
-                f"{elapsed:.1f}s over {len(progress)} batches, {job.sinks.incidents_published} incident events -->")
+                f"{elapsed:.1f}s over {len(progress)} batches, {job.sinks.incidents_published} incident events; "
+                f"median per batch: {phases(progress)} -->")
         raw = len(records) / ceiling
         out(f"| {name} | {len(records):,} | {raw:,.0f}/s | {rates[0]:,.0f}/s | {rates[0] / raw:.2f} | "
             f"{rates[1]:,.0f}/s | {rates[1] / raw:.2f} |")
@@ -220,40 +204,28 @@ class FleetRun:
     samples: list = field(default_factory=list)  # (seconds since start, state rows, memory)
 
 
-def _publish_fleet(config_json: str, jobs_n: int, minutes: int, start_ts: int, ready) -> None:
-    """A process of its own (as a collector would be): simulate the fleet, then publish it in real time."""
-    from pipelines.config import SentinelConfig
-
-    cfg = SentinelConfig.model_validate_json(config_json)
-    records = encoded(simulator.simulate_fleet(jobs_n, 3000, minutes * MINUTE, start_ts=start_ts))
-    ready.set()
-    publish(cfg, records, pace=True)
-
-
 def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 seconds") -> np.ndarray:
-    import multiprocessing
-
     cfg = fresh_topics(config, "fleet")
     cfg.spark.trigger_interval = trigger
     out(f"\n### A fleet in real time: {jobs_n:,} jobs polled every 5 s, {minutes} min, trigger {trigger}\n")
-    lead_s = 60 + jobs_n * 0.06  # simulating takes a while: the fleet starts that far in the future
-    start_ts = int((time.time() + lead_s) * 1000)
-    context = multiprocessing.get_context("spawn")
-    ready = context.Event()
-    publisher = context.Process(target=_publish_fleet, args=(cfg.model_dump_json(), jobs_n, minutes, start_ts, ready))
-    publisher.start()
+    config_file = Path(cfg.state_dir) / "fleet-target.json"
+    config_file.write_text(json.dumps(target(cfg)))
+    publisher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fleet_publisher.py")),
+                                  str(config_file), str(jobs_n), str(minutes)], stdout=subprocess.PIPE, text=True)
     cache = ChampionCache(cfg)
     cache.require()
     recorder = BatchRecorder()
     spark.streams.addListener(recorder)
     job = start_detection(spark, cfg, cache)
-    if not ready.wait(max(1.0, start_ts / 1000.0 - time.time())):
-        publisher.kill()
-        raise RuntimeError("simulating the fleet took longer than its lead: raise lead_s")
+    line = publisher.stdout.readline()  # "ready <start> <events>" once simulated
+    if not line.startswith("ready"):
+        job.stop()
+        raise RuntimeError(f"the fleet's publisher stopped before publishing (exit code {publisher.wait()})")
+    out(f"<!-- {int(line.split()[2]):,} events -->")
     run = FleetRun()
     t0 = time.monotonic()
     try:
-        while publisher.is_alive():
+        while publisher.poll() is None:
             time.sleep(10)
             last = job.query.lastProgress
             state = last["stateOperators"][0]["numRowsTotal"] if last and last["stateOperators"] else 0
@@ -262,7 +234,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
                 raise job.query.exception()
         time.sleep(15)  # the last events' batches
     finally:
-        if publisher.is_alive():
+        if publisher.poll() is None:
             publisher.kill()
         job.stop()
         spark.streams.removeListener(recorder)
@@ -309,7 +281,7 @@ def latency(spark, config, minutes: int, out) -> None:
     cache.require()
     job = start_detection(spark, cfg, cache)
     try:
-        publish(cfg, records, pace=True)
+        publish(target(cfg), records, pace=True)
         time.sleep(15)
     finally:
         job.stop()
@@ -333,21 +305,60 @@ def scaling(spark, config, out) -> None:
     for jobs_n in (1_000, 4_000, 16_000):
         records = encoded(simulator.simulate_fleet(jobs_n, 4000, MINUTE))
         cfg = fresh_topics(config, f"scale{jobs_n}")
-        publish(cfg, records)
+        publish(target(cfg), records)
         elapsed, _, progress = run_to_end(spark, cfg, True, len(records))
         state = progress[-1]["stateOperators"][0]
         out(f"| {jobs_n:,} | {len(records):,} | {elapsed:.1f} | {len(records) / elapsed:,.0f} | "
             f"{state['numRowsTotal']:,} | {state['numRowsTotal'] / jobs_n:.2f} | {state['memoryUsedBytes'] / 2**20:,.0f} |")
 
 
+# --- state against live jobs ---------------------------------------------------------------------------
+
+
+def rotation(spark, config, live_jobs: int, slices: int, out) -> None:
+    slice_ms = 10 * MINUTE
+    cfg = fresh_topics(config, "rotation")
+    cfg.spark.trigger_interval = "1 second"
+    cfg.features.idle_timeout_s = 15 * 60
+    cfg.features.max_source_delay_s = 60
+    start = simulator.DEFAULT_START_TS
+    events = simulator.rotating_job_events(live_jobs, 2, slice_ms, slices * slice_ms)
+    out(f"\n### State against live and ever-seen jobs: {live_jobs:,} live jobs rotating (2 events 10 min apart, "
+        f"then gone), idle timeout {cfg.features.idle_timeout_s / 60:g} min, watermark delay "
+        f"{cfg.features.max_source_delay_s:g} s\n")
+    out("| event time | events in slice | seconds | events/s | jobs ever seen | state rows | state rows per live job |")
+    out("|---:|---:|---:|---:|---:|---:|---:|")
+    cache = ChampionCache(cfg)
+    cache.require()
+    job = start_detection(spark, cfg, cache)
+    seen: set[str] = set()
+    try:
+        for k in range(slices):
+            part = [e for e in events if k * slice_ms <= e["ts"] - start < (k + 1) * slice_ms]
+            publish(target(cfg), [(e["ts"], input_event_key(e), json.dumps(e).encode()) for e in part])
+            started = time.perf_counter()
+            job.query.processAllAvailable()
+            elapsed = time.perf_counter() - started
+            time.sleep(2.5)  # a batch without data fires the timers of the advanced watermark
+            job.query.processAllAvailable()
+            state = job.query.lastProgress["stateOperators"][0]["numRowsTotal"]
+            seen |= {e["job_id"] for e in part}
+            out(f"| {(k + 1) * 10} min | {len(part):,} | {elapsed:.1f} | {len(part) / elapsed:,.0f} | {len(seen):,} | "
+                f"{state:,} | {state / live_jobs:.2f} |")
+    finally:
+        job.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", default=["throughput", "fleet", "latency", "scaling"],
-                        choices=["throughput", "fleet", "latency", "scaling"])
+    parser.add_argument("parts", nargs="*", default=["throughput", "fleet", "latency", "scaling", "rotation"],
+                        choices=["throughput", "fleet", "latency", "scaling", "rotation"])
     parser.add_argument("--fleet-jobs", type=int, default=2000)
     parser.add_argument("--fleet-minutes", type=int, default=10)
     parser.add_argument("--latency-minutes", type=int, default=6)
     parser.add_argument("--max-per-batch", type=int, default=20_000)
+    parser.add_argument("--live-jobs", type=int, default=8192)
+    parser.add_argument("--slices", type=int, default=6, help="10-minute slices of event time for rotation")
     args = parser.parse_args()
     base = load_config()
     ChampionCache(base).require()  # say so before starting anything
@@ -375,6 +386,8 @@ def main() -> None:
                 latency(spark, config, args.latency_minutes, out)
             if "scaling" in args.parts:
                 scaling(spark, config, out)
+            if "rotation" in args.parts:
+                rotation(spark, config, args.live_jobs, args.slices, out)
         finally:
             stack.down()
 

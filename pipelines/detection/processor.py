@@ -21,6 +21,10 @@ the earliest: a job silent for the idle timeout, once the watermark has passed t
 forgotten, keeping only an incident still open. Records whose JSON names no job are validated
 here too, without state, and come out as dead letters.
 
+Spark's state store holds every job's state; a Python worker also keeps the states it wrote,
+parsed, with the random version it wrote beside the job's due time, and reuses one only while the
+bucket still names that version (parsing a state cost more than the rest of the job's batch).
+
 Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``sample``,
 ``models``), ``key`` (the incident id, the dead letter's record key, the late reason),
 ``payload`` (JSON; for ``features`` an Arrow stream of the partition's feature rows) and
@@ -29,6 +33,9 @@ Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``
 
 from __future__ import annotations
 
+import gc
+import random
+from collections import OrderedDict
 from typing import Iterator
 
 import orjson
@@ -104,6 +111,12 @@ class DetectionProcessor(StatefulProcessor):
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        # No cyclic garbage collection while the task runs (close() turns it back on): a task holds
+        # the parsed states of thousands of jobs, which every collection walks, and the states
+        # (JSON trees) form no cycles: measured, a state's parse took 1.3 ms with 1,000 others
+        # held, 0.3 ms without collections.
+        self.collecting = gc.isenabled()
+        gc.disable()
         self.handle = handle
         self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
         self.dues = handle.getValueState("dues", STATE_SCHEMA)
@@ -133,7 +146,7 @@ class DetectionProcessor(StatefulProcessor):
                 yield from _outputs(FlinkJobState().read(records, now_ms, self.rules, key=(cluster, job_id)))
                 continue
             name = job_key(cluster, job_id)
-            job = self._job(name) if name in dues["due"] else FlinkJobState()
+            job = self._job(name, dues) if name in dues["due"] else FlinkJobState()
             self.readings[name] = job.read(records, now_ms, self.rules, key=(cluster, job_id))
             pending[name] = job
             yield from _outputs(self.readings[name])
@@ -155,7 +168,7 @@ class DetectionProcessor(StatefulProcessor):
                 for incident in self.incidents.pop(name, []):
                     yield Row(kind=INCIDENT, key=incident["incident_id"], payload=orjson.dumps(incident), count=1)
                 job.compact()
-                self.jobs.updateValue((name,), (job.to_bytes(),))
+                self._write(name, job, dues)
                 dues["due"][name] = job.due(self.rules)
         else:
             dues = self._dues()
@@ -183,12 +196,13 @@ class DetectionProcessor(StatefulProcessor):
         (keeping only an incident still open), and keep one timer at the next job due."""
         for name, due in list(dues["due"].items()):
             if due is not None and watermark >= due:
-                kept = self._job(name).forgotten()
+                kept = self._job(name, dues).forgotten()
                 if kept is None:
                     self.jobs.removeKey((name,))
                     del dues["due"][name]
+                    dues["version"].pop(name, None)
                 else:
-                    self.jobs.updateValue((name,), (kept.to_bytes(),))
+                    self._write(name, kept, dues)
                     dues["due"][name] = None  # kept for its open incident, until the job reports again
         if dues["timer"] is not None and dues["timer"] <= watermark:
             dues["timer"] = None  # expires in this batch: counted as fired
@@ -203,13 +217,48 @@ class DetectionProcessor(StatefulProcessor):
 
     def _dues(self) -> dict:
         stored = self.dues.get() if self.dues.exists() else None
-        return {"due": {}, "timer": None} if stored is None else orjson.loads(stored[0])
+        return {"due": {}, "version": {}, "timer": None} if stored is None else orjson.loads(stored[0])
 
-    def _job(self, name: str) -> FlinkJobState:
-        return FlinkJobState.from_bytes(self.jobs.getValue((name,))[0])
+    def _job(self, name: str, dues: dict) -> FlinkJobState:
+        """The job's state: as this worker wrote it last, if the store still holds that version
+        (no other worker wrote it since, no failed batch rolled it back), else from the store."""
+        parsed = _PARSED.take(name, dues["version"].get(name))
+        return parsed if parsed is not None else FlinkJobState.from_bytes(self.jobs.getValue((name,))[0])
+
+    def _write(self, name: str, job: FlinkJobState, dues: dict) -> None:
+        version = random.getrandbits(62)
+        self.jobs.updateValue((name,), (job.to_bytes(),))
+        dues["version"][name] = version
+        _PARSED.keep(name, version, job, self.config.detection.state_cache_jobs)
 
     def close(self) -> None:
-        pass
+        if self.collecting:
+            gc.enable()
+
+
+class _ParsedStates:
+    """The job states this Python worker wrote, parsed, by job and the version written (a random
+    number stored beside the job's due time in its bucket). Parsing a state costs more than the
+    rest of a job's micro-batch; a worker that handled a bucket last time handles it again as a
+    rule. A state is taken out while a batch uses it and kept again only when that batch writes
+    it, so a failed batch leaves nothing behind."""
+
+    def __init__(self):
+        self.states: OrderedDict[str, tuple[int, FlinkJobState]] = OrderedDict()
+
+    def take(self, name: str, version: int | None) -> FlinkJobState | None:
+        kept = self.states.pop(name, None)
+        return kept[1] if kept is not None and version is not None and kept[0] == version else None
+
+    def keep(self, name: str, version: int, job: FlinkJobState, limit: int) -> None:
+        if limit <= 0:
+            return
+        self.states[name] = (version, job)
+        while len(self.states) > limit:
+            self.states.popitem(last=False)  # the least recently written
+
+
+_PARSED = _ParsedStates()
 
 
 def _outputs(reading: Reading) -> Iterator[Row]:

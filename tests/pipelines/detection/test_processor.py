@@ -119,3 +119,22 @@ def test_state_is_kept_for_live_jobs_not_for_jobs_ever_seen(spark, detection_con
     # Every row of every job was logged before its job was forgotten.
     logged = logged_features(spark, config)
     assert len(logged) == len(features_for_events(events))
+
+
+def test_a_worker_reuses_a_parsed_state_only_while_the_store_holds_the_version_it_wrote():
+    from pipelines.detection.flink_job import FlinkJobState
+    from pipelines.detection.processor import _ParsedStates
+
+    parsed, job = _ParsedStates(), FlinkJobState()
+    parsed.keep("a", 7, job, limit=2)
+    assert parsed.take("a", 7) is job
+    # Taken out while a batch uses it: a batch that fails before writing leaves nothing behind.
+    assert parsed.take("a", 7) is None
+    parsed.keep("a", 8, job, limit=2)
+    assert parsed.take("a", 9) is None  # another worker wrote it since
+    assert parsed.take("a", 8) is None  # ... and the stale copy is gone
+    for name, version in (("a", 1), ("b", 2), ("c", 3)):
+        parsed.keep(name, version, FlinkJobState(), limit=2)
+    assert parsed.take("a", 1) is None and parsed.take("b", 2) is not None  # the least recently written went
+    parsed.keep("d", 4, FlinkJobState(), limit=0)
+    assert parsed.take("d", 4) is None  # 0: nothing kept
