@@ -192,7 +192,10 @@ class KafkaConfig(_Strict):
     )
     topic_partitions: int = Field(3, ge=1, description="Partitions of topics that `sentinel up` creates.")
     starting_offsets: str = Field("earliest", description="earliest, latest, or JSON {partition: offset}.")
-    max_offsets_per_trigger: int | None = Field(None, ge=1)
+    max_offsets_per_trigger: int | None = Field(100_000, ge=1, description="Records per micro-batch at most (a "
+                                                                          "backlog is read in batches this size; "
+                                                                          "null: all at once, which a large "
+                                                                          "backlog may not fit in memory).")
     fail_on_data_loss: bool = True
     connect_timeout_s: float = Field(
         15.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing."

@@ -27,7 +27,7 @@ bucket still names that version (parsing a state cost more than the rest of the 
 
 Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``sample``,
 ``models``), ``key`` (the incident id, the dead letter's record key, the late reason),
-``payload`` (JSON; for ``features`` an Arrow stream of the partition's feature rows) and
+``payload`` (JSON; for ``features`` an Arrow stream of up to 20,000 of the partition's feature rows) and
 ``count``. :mod:`pipelines.detection.job` writes them to their sinks.
 """
 
@@ -59,6 +59,9 @@ OUTPUT_SCHEMA = StructType([StructField("kind", StringType()), StructField("key"
 STATE_SCHEMA = StructType([StructField("state", BinaryType())])
 JOB_KEY_SCHEMA = StructType([StructField("job", StringType())])
 FEATURE_ROW_ARROW_SCHEMA = to_arrow_schema(feature_row_schema())
+# Feature rows per output row: one JVM value each, bounded (a 16,000-job backlog in one batch was
+# more than the JVM's heap as one value).
+FEATURE_ROWS_PER_PAYLOAD = 20_000
 
 
 # The input topic's key, ``<cluster>/<job_id>`` (a Flink JobID is 32 hex digits).
@@ -187,7 +190,9 @@ class DetectionProcessor(StatefulProcessor):
         cache = worker_champions(self.config)
         self.incidents = decide({name: job for jobs in self.pending.values() for name, job in jobs.items()}, rows,
                                 cache.ready(), self.settings)
-        yield Row(kind=FEATURES, key=None, payload=_arrow_stream(rows), count=len(rows))
+        for start in range(0, len(rows), FEATURE_ROWS_PER_PAYLOAD):
+            chunk = rows.iloc[start:start + FEATURE_ROWS_PER_PAYLOAD]
+            yield Row(kind=FEATURES, key=None, payload=_arrow_stream(chunk), count=len(chunk))
         yield Row(kind=MODELS, key=cache.registry_error,
                   payload=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), count=len(rows))
 
