@@ -143,19 +143,24 @@ class ClusterCollector:
         details = self.rest.get(f"/jobs/{job_id}")
         vertices = [v for v in details.get("vertices") or [] if isinstance(v, dict) and v.get("id")]
         checkpoints = self.rest.get(f"/jobs/{job_id}/checkpoints")
-        if job_id not in self._checkpoint_config:
+        checkpoint_config = self._checkpoint_config.get(job_id)
+        if checkpoint_config is None:
             try:
-                self._checkpoint_config[job_id] = self.rest.get(f"/jobs/{job_id}/checkpoints/config")
+                checkpoint_config = self.rest.get(f"/jobs/{job_id}/checkpoints/config")
             except FlinkRestError as exc:
                 if exc.status != 404:  # a job without checkpointing has no checkpoint config
                     raise
-                self._checkpoint_config[job_id] = {}
+                checkpoint_config = {}
+            # Kept once it names the storage, or once the job runs: a job still starting may not
+            # answer it yet, and its state limit would be lost for the job's whole life.
+            if checkpoint_config.get("checkpoint_storage") or state == "RUNNING":
+                self._checkpoint_config[job_id] = checkpoint_config
         try:
             job_metrics = self.rest.metrics(f"/jobs/{job_id}/metrics", mapping.JOB_METRICS)
         except FlinkRestError as exc:
             result.errors.append(f"job {job_id}: {exc}")
             job_metrics = {}
-        events = [mapping.job_status_event(name, job, checkpoints, self._checkpoint_config[job_id], job_metrics,
+        events = [mapping.job_status_event(name, job, checkpoints, checkpoint_config, job_metrics,
                                            jm_metrics, sampled_at, self.endpoint.max_state_size_bytes, self.source)]
 
         history = [c for c in checkpoints.get("history") or [] if isinstance(c, dict) and "id" in c]
