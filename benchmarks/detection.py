@@ -45,7 +45,6 @@ from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from benchmarks.fleet_publisher import encoded, publish, target  # noqa: E402
-from pipelines.contracts import input_event_key  # noqa: E402
 from pipelines.detection.job import start_detection  # noqa: E402
 from pipelines.detection.scoring import ChampionCache  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
@@ -110,7 +109,7 @@ def throughput(spark, config, max_per_batch: int, out) -> None:
         f"{max_per_batch:,} per batch | ratio |")
     out("|---|---:|---:|---:|---:|---:|---:|")
     for name, jobs in fleets.items():
-        records = encoded(jobs)
+        records = encoded(simulator.merged_events(jobs))
         rates = []
         for available_now in (True, False):
             cfg = fresh_topics(config, "throughput")
@@ -276,7 +275,7 @@ def latency(spark, config, minutes: int, out) -> None:
     start_ts = int(time.time() * 1000) + 30_000
     jobs = [simulator.simulate_job(name, 3000, i, minutes * MINUTE, cluster="bench", start_ts=start_ts)
             for i, name in enumerate(simulator.CATALOGUE)]
-    records = encoded(jobs)
+    records = encoded(simulator.merged_events(jobs))
     cache = ChampionCache(cfg)
     cache.require()
     job = start_detection(spark, cfg, cache)
@@ -303,7 +302,7 @@ def scaling(spark, config, out) -> None:
     out("| live jobs | events | seconds | events/s | state rows | state rows per job | state memory MiB |")
     out("|---:|---:|---:|---:|---:|---:|---:|")
     for jobs_n in (1_000, 4_000, 16_000):
-        records = encoded(simulator.simulate_fleet(jobs_n, 4000, MINUTE))
+        records = encoded(simulator.merged_events(simulator.simulate_fleet(jobs_n, 4000, MINUTE)))
         cfg = fresh_topics(config, f"scale{jobs_n}")
         publish(target(cfg), records)
         elapsed, _, progress = run_to_end(spark, cfg, True, len(records))
@@ -335,7 +334,7 @@ def rotation(spark, config, live_jobs: int, slices: int, out) -> None:
     try:
         for k in range(slices):
             part = [e for e in events if k * slice_ms <= e["ts"] - start < (k + 1) * slice_ms]
-            publish(target(cfg), [(e["ts"], input_event_key(e), json.dumps(e).encode()) for e in part])
+            publish(target(cfg), encoded(part))
             started = time.perf_counter()
             job.query.processAllAvailable()
             elapsed = time.perf_counter() - started

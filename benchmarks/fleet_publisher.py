@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,10 +24,9 @@ from pipelines.io import kafka_clients  # noqa: E402
 MINUTE = 60_000
 
 
-def encoded(jobs) -> list[tuple[int, bytes, bytes]]:
-    """The fleet's events as records (event time, key, value), in event-time order."""
-    records = [(e["ts"], input_event_key(e), json.dumps(e, separators=(",", ":")).encode())
-               for job in jobs for e in job.events]
+def encoded(events) -> list[tuple[int, bytes, bytes]]:
+    """Events as records (event time, key, value), in event-time order."""
+    records = [(e["ts"], input_event_key(e), json.dumps(e, separators=(",", ":")).encode()) for e in events]
     records.sort(key=lambda r: r[0])
     return records
 
@@ -38,7 +36,7 @@ def target(cfg) -> dict:
     return {"servers": cfg.kafka.bootstrap_servers, "client": cfg.kafka.client_kwargs(), "topic": cfg.topics.input}
 
 
-def publish(to: dict, records, pace: bool = False, stop: threading.Event | None = None) -> int:
+def publish(to: dict, records, pace: bool = False) -> int:
     """Send ``records`` to the :func:`target` ``to``; paced, each when the wall clock reaches its event time."""
     producer = kafka_clients.make_producer(to["servers"], to["client"], linger_ms=20, batch_size=256 * 1024)
     sent = 0
@@ -48,8 +46,6 @@ def publish(to: dict, records, pace: bool = False, stop: threading.Event | None 
             if wait > 0:
                 producer.flush()
                 time.sleep(wait)
-            if stop is not None and stop.is_set():
-                break
         producer.send(to["topic"], key=key, value=value)
         sent += 1
     producer.flush()
@@ -73,7 +69,7 @@ def main(argv: list[str]) -> None:
     jobs = list(simulator.simulate_fleet(int(jobs_n), 3000, int(minutes) * MINUTE))
     start_ts = int((time.time() + 5) * 1000)
     shifted(jobs, start_ts)
-    records = encoded(jobs)
+    records = encoded(simulator.merged_events(jobs))
     del jobs
     print(f"ready {start_ts} {len(records)}", flush=True)
     publish(to, records, pace=True)

@@ -181,15 +181,14 @@ class DetectionProcessor(StatefulProcessor):
         self._sweep(dues, watermark)
 
     def _decide(self) -> Iterator[Row]:
-        names = [name for jobs in self.pending.values() for name in jobs]
-        rows = feature_frame([row for name in names for row in self.readings[name].rows])
+        jobs = {name: job for bucket_jobs in self.pending.values() for name, job in bucket_jobs.items()}
+        rows = feature_frame([row for name in jobs for row in self.readings[name].rows])
         self.readings.clear()
         if rows.empty:
             self.incidents = {}
             return
         cache = worker_champions(self.config)
-        self.incidents = decide({name: job for jobs in self.pending.values() for name, job in jobs.items()}, rows,
-                                cache.ready(), self.settings)
+        self.incidents = decide(jobs, rows, cache.ready(), self.settings)
         for start in range(0, len(rows), FEATURE_ROWS_PER_PAYLOAD):
             chunk = rows.iloc[start:start + FEATURE_ROWS_PER_PAYLOAD]
             yield Row(kind=FEATURES, key=None, payload=_arrow_stream(chunk), count=len(chunk))
