@@ -93,6 +93,12 @@ def phases(progress) -> str:
                      for name in names)
 
 
+def store_phases(progress) -> str:
+    """The median of the state store's timings per micro-batch (its commit, RocksDB's parts), in ms."""
+    names = sorted({name for p in progress for name in p.get("store", {})})
+    return ", ".join(f"{name} {np.median([p['store'].get(name, 0) for p in progress]):,.0f}" for name in names)
+
+
 # --- throughput -------------------------------------------------------------------------------------
 
 
@@ -180,6 +186,7 @@ class BatchRecorder(StreamingQueryListener):
 
     def __init__(self):
         self.batches: list[tuple[int, int, float, int]] = []
+        self.progress: list[dict] = []  # of the batches with input, for phases()
 
     def onQueryStarted(self, event) -> None:
         pass
@@ -189,6 +196,11 @@ class BatchRecorder(StreamingQueryListener):
         state = sum(s.numRowsTotal for s in p.stateOperators or [])
         self.batches.append((p.batchId, p.numInputRows, (p.durationMs or {}).get("triggerExecution", 0) / 1000.0,
                              state))
+        if p.numInputRows:
+            store = p.stateOperators[0] if p.stateOperators else None
+            self.progress.append({"durationMs": dict(p.durationMs or {}), "store": {} if store is None else {
+                "commitTimeMs": store.commitTimeMs, "allUpdatesTimeMs": store.allUpdatesTimeMs,
+                **{k: v for k, v in (store.customMetrics or {}).items() if "Latency" in k or "TimeMs" in k}}})
 
     def onQueryIdle(self, event) -> None:
         pass
@@ -245,6 +257,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         f"{np.percentile(durations, 50):.2f}s, p99 {np.percentile(durations, 99):.2f}s, max {durations.max():.2f}s "
         f"(after the first three: max {steady.max() if len(steady) else float('nan'):.2f}s); longer than the trigger: "
         f"{int((durations > _seconds(trigger)).sum())}, after the first three: {int((steady > _seconds(trigger)).sum())}")
+    out(f"<!-- median per batch: {phases(recorder.progress)}; state store: {store_phases(recorder.progress)} -->")
     out("\n| minute | state rows | driver python MiB | JVM MiB | python workers MiB |")
     out("|---:|---:|---:|---:|---:|")
     for seconds, state, mem in run.samples[5::6]:

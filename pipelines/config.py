@@ -256,7 +256,8 @@ class SparkConfig(_Strict):
     shuffle_partitions: int = Field(2, ge=1, description="Partitions of the detection's state: the cores it "
                                                          "runs on (each costs a task per micro-batch; measured on "
                                                          "local[2], 2,000 jobs: 2 partitions 2.9 s a batch, 4 "
-                                                         "partitions 3.9 s). Fixed by the checkpoint once it runs.")
+                                                         "partitions 3.9 s). Fixed by the checkpoint once it runs "
+                                                         "(the state buckets are spread over the checkpoint's).")
     driver_memory: str = "2g"
     log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "WARN"
     ui_enabled: bool = False

@@ -84,6 +84,10 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # transformWithState (the streaming features) needs RocksDB; it also keeps large state off-heap.
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        # A commit writes the changed rows, not a RocksDB snapshot (flush, new SST files, a zip per
+        # batch and partition); snapshots are made in the background. Every job's state changes
+        # every few seconds, so a snapshot per batch copied the whole state each time.
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
     )

@@ -214,6 +214,19 @@ def _refuse_earlier_checkpoint(config: SentinelConfig) -> None:
             "spark.checkpoint_location at a new folder) to start afresh from kafka.starting_offsets")
 
 
+def state_partitions(checkpoint: Location) -> int | None:
+    """The shuffle partitions a query's checkpoint fixed (Spark keeps them from its first run on,
+    whatever the session says later), from its latest offsets entry; None before its first batch."""
+    offsets = checkpoint / "offsets"
+    batches = [int(name) for name in offsets.names() if name.isdigit()]
+    if not batches:
+        return None
+    lines = (offsets / str(max(batches))).read_text().splitlines()
+    conf = orjson.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
+    value = conf.get("spark.sql.shuffle.partitions")
+    return int(value) if value is not None else None
+
+
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
                     available_now: bool = False) -> RunningJob:
     """Start the detection query on the configured input topic; the caller awaits or stops it.
@@ -233,7 +246,9 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     sinks = DetectionSinks(config, config.offline_store / "live", metrics, validator)
     listener = MetricsListener(Path(detection.metrics_file), sinks, cache, metrics)
     spark.streams.addListener(listener)
-    writer = (detect(read_kafka_stream(spark, config, config.topics.input), config).writeStream
+    partitions = state_partitions(config.checkpoint_dir(DETECTION_QUERY)) or \
+        int(spark.conf.get("spark.sql.shuffle.partitions"))
+    writer = (detect(read_kafka_stream(spark, config, config.topics.input), config, partitions).writeStream
               .foreachBatch(sinks).queryName(DETECTION_QUERY)
               .option("checkpointLocation", config.checkpoint_dir(DETECTION_QUERY).spark_path))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(

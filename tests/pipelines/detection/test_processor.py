@@ -11,7 +11,7 @@ from feature_store.job_features import features_for_events
 from feature_store.offline_store import read_features
 from pipelines import simulator
 from pipelines.detection.flink_job import replay
-from pipelines.detection.job import start_detection
+from pipelines.detection.job import DETECTION_QUERY, start_detection, state_partitions
 from pipelines.detection.scoring import ChampionCache
 from tests.feature_store.test_compute import as_a_collector_reports
 from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
@@ -82,6 +82,8 @@ def test_late_events_are_counted_not_silently_lost(spark, detection_config):
                     "trigger_ts": last - 5 * 60_000 - 1000}
     sinks, progress = run_in_chunks(spark, config, [events, [behind_job, out_of_order, behind_input]])
     assert sinks.late == {"late": 1, "out_of_order": 1}
+    # The query's checkpoint names the shuffle partitions its state keys were spread over.
+    assert state_partitions(config.checkpoint_dir(DETECTION_QUERY)) == int(spark.conf.get("spark.sql.shuffle.partitions"))
     dropped = sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress if p["stateOperators"])
     assert dropped == 1
     metrics = config.detection.metrics_file.read_text()
@@ -138,3 +140,21 @@ def test_a_worker_reuses_a_parsed_state_only_while_the_store_holds_the_version_i
     assert parsed.take("a", 1) is None and parsed.take("b", 2) is not None  # the least recently written went
     parsed.keep("d", 4, FlinkJobState(), limit=0)
     assert parsed.take("d", 4) is None  # 0: nothing kept
+
+
+def test_buckets_spread_evenly_over_the_state_partitions(spark):
+    """Spark's own hash partitioning (that of the stateful stage's shuffle) gives every partition
+    the same number of buckets, so no task has more jobs than the others."""
+    from pyspark.sql import functions as F
+
+    from pipelines.detection.processor import state_keys
+
+    for buckets, partitions in ((64, 2), (64, 3), (10, 4), (1, 2)):
+        keys = state_keys(buckets, partitions)
+        assert len(set(keys)) == buckets
+        frame = spark.createDataFrame([(k,) for k in keys], "bucket int").repartition(partitions, "bucket")
+        counts = sorted(r["count"] for r in frame.groupBy(F.spark_partition_id().alias("p")).count().collect())
+        assert counts[-1] - counts[0] <= 1 and sum(counts) == buckets, (buckets, partitions, counts)
+        # ... bucket b on partition b % partitions, as state_keys says
+        assert {r.bucket: r.p for r in frame.select("bucket", F.spark_partition_id().alias("p")).collect()} == \
+            {k: b % partitions for b, k in enumerate(keys)}
