@@ -196,6 +196,9 @@ class KafkaConfig(_Strict):
                                                                           "backlog is read in batches this size; "
                                                                           "null: all at once, which a large "
                                                                           "backlog may not fit in memory).")
+    read_tasks: int | None = Field(None, ge=0, description="Spark tasks each micro-batch of the input is read in, "
+                                                           "of about equal size (null: as many as Spark has cores; "
+                                                           "0: one per Kafka partition). The python connector only.")
     fail_on_data_loss: bool = True
     connect_timeout_s: float = Field(
         15.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing."

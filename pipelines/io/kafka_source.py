@@ -5,7 +5,8 @@ this data source, ``format("sentinel_kafka")``, reads and writes Kafka with kafk
 the columns of Spark's own Kafka source (``key, value, topic, partition, offset, timestamp,
 timestampType, headers``), so nothing downstream knows which of the two is in use.
 
-Reading: one Spark input partition per Kafka partition and micro-batch; the offsets
+Reading: one Spark input partition per Kafka partition and micro-batch (or ``readTasks`` of about
+the same size, cutting and joining the partitions' offset ranges); the offsets
 ``{"<partition>": next_offset}`` live in Spark's checkpoint, which is what makes a restarted query
 resume exactly where the last committed batch ended. Kafka consumer groups are not used.
 
@@ -18,6 +19,8 @@ Options (all strings, as Spark passes them):
 ``startingOffsets``      ``earliest`` (default), ``latest`` or JSON ``{"0": 42}`` (-2 earliest, -1 latest)
 ``maxOffsetsPerTrigger`` at most this many records per micro-batch, spread over partitions by lag
 ``failOnDataLoss``       ``true`` (default): stop when offsets were deleted or a topic was reset
+``readTasks``            read each micro-batch in this many Spark tasks of about equal size (default:
+                         one per Kafka partition with records)
 ``clientOptions``        JSON object passed to every kafka-python client (security, SASL, TLS, ...)
 ``clientSecrets``        JSON object of the clients' secrets (``sasl_plain_password``, ``ssl_password``):
                          apart from ``clientOptions`` so that Spark's redaction (its key says
@@ -147,12 +150,47 @@ def _worker_producer(spec: _ClientSpec):
     return producer
 
 
-class KafkaPartitionRange(InputPartition):
-    """Offsets ``[start, end)`` of one Kafka partition: the work of one Spark task."""
+@dataclass(frozen=True)
+class KafkaPartitionRange:
+    """Offsets ``[start, end)`` of one Kafka partition."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int):
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class KafkaReadTask(InputPartition):
+    """The work of one Spark task: offset ranges of one or more Kafka partitions, read in turn."""
+
+    def __init__(self, ranges: Sequence[KafkaPartitionRange]):
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+
+
+def split_evenly(ranges: Sequence[KafkaPartitionRange], tasks: int) -> list[list[KafkaPartitionRange]]:
+    """``ranges`` cut into at most ``tasks`` groups of about the same number of records, each a run
+    of consecutive offsets (a partition's range may be cut between two groups). A micro-batch of
+    three partitions on two cores otherwise runs in two waves, the third task alone."""
+    total = sum(r.size for r in ranges)
+    share = -(-total // tasks) if total else 0
+    groups: list[list[KafkaPartitionRange]] = [[]]
+    room = share
+    for r in ranges:
+        start = r.start
+        while start < r.end:
+            if room == 0:
+                groups.append([])
+                room = share
+            end = min(r.end, start + room)
+            groups[-1].append(KafkaPartitionRange(r.topic, r.partition, start, end))
+            room -= end - start
+            start = end
+    return [g for g in groups if g]
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -169,6 +207,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.fail_on_data_loss = _flag(options, "failOnDataLoss", True)
         self.poll_timeout_s = float(options.get("pollTimeoutMs", "120000")) / 1000.0
         self.metadata_timeout_s = float(options.get("metadataTimeoutMs", "30000")) / 1000.0
+        read_tasks = options.get("readTasks")
+        self.read_tasks = int(read_tasks) if read_tasks else None
+        if self.read_tasks is not None and self.read_tasks < 1:
+            raise ValueError("option 'readTasks' must be >= 1")
         self._consumer = None
         self._available_now_target: dict[str, int] | None = None
         self._last_latest: dict[str, int] | None = None
@@ -256,7 +298,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 start_offset = kafka_clients.earliest_offsets(self.consumer, self.topic, [int(p)])[int(p)]
             if end_offset > start_offset:
                 ranges.append(KafkaPartitionRange(self.topic, int(p), int(start_offset), int(end_offset)))
-        return ranges
+        if self.read_tasks is None:
+            return [KafkaReadTask([r]) for r in ranges]
+        return [KafkaReadTask(group) for group in split_evenly(ranges, self.read_tasks)]
 
     def _data_loss(self, message: str) -> None:
         if self.fail_on_data_loss:
@@ -274,8 +318,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- executor side -----------------------------------------------------------------------
 
-    def read(self, partition: KafkaPartitionRange) -> Iterator[pa.RecordBatch]:
-        return read_partition_range(self.spec, partition, self.fail_on_data_loss, self.poll_timeout_s)
+    def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
+        for offsets in partition.ranges:
+            yield from read_partition_range(self.spec, offsets, self.fail_on_data_loss, self.poll_timeout_s)
 
 
 def _rate_limited(start: dict, end: dict, max_rows: int) -> dict:

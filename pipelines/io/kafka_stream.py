@@ -99,6 +99,12 @@ def read_kafka_stream(
         options["maxOffsetsPerTrigger"] = str(limit)
     if fmt == "kafka":
         options["includeHeaders"] = "true"
+    else:
+        # As many tasks as cores: three partitions on two cores ran in two waves, the last alone.
+        tasks = config.kafka.read_tasks if config.kafka.read_tasks is not None else \
+            spark.sparkContext.defaultParallelism
+        if tasks:
+            options["readTasks"] = str(tasks)
     return spark.readStream.format(fmt).options(**options).load().select(*KAFKA_COLUMNS)
 
 

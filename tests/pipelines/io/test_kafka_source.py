@@ -14,7 +14,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 from pipelines.io import kafka_clients
-from pipelines.io.kafka_source import _rate_limited
+from pipelines.io.kafka_source import KafkaPartitionRange, _rate_limited, split_evenly
 from pipelines.io.kafka_stream import KAFKA_COLUMNS, kafka_stream_writer, read_kafka_stream
 from tests.conftest import PROJECT_ROOT
 
@@ -122,6 +122,38 @@ def test_max_offsets_per_trigger_splits_the_backlog_into_batches(spark, config, 
     assert sum(sizes) == 1000
     assert max(sizes) <= 300
     assert len(sizes) == 4
+
+
+def test_a_batch_is_read_in_tasks_of_about_equal_size(spark, config, new_topic, tmp_path):
+    from pyspark.sql import functions as F
+
+    topic = new_topic(partitions=3)
+    sent = produce(config, topic, 901)
+    cores = spark.sparkContext.defaultParallelism
+    for read_tasks, tasks in ((None, cores), (0, 3), (4, 4)):
+        config.kafka.read_tasks = read_tasks
+        df = read_kafka_stream(spark, config, topic)
+        out = tmp_path / f"out{read_tasks}"
+        run_available_now(df.select("partition", "offset", df.value.cast("string").alias("value"),
+                                    F.spark_partition_id().alias("task")),
+                          "parquet", tmp_path / f"ck{read_tasks}", path=str(out))
+        assert {(p, o): v for p, o, v in offsets_in_parquet(spark, out)} == sent  # every record once
+        sizes = [r["count"] for r in spark.read.parquet(str(out)).groupBy("task").count().collect()]
+        assert len(sizes) == tasks, (read_tasks, sizes)
+        if read_tasks != 0:
+            assert max(sizes) - min(sizes) < tasks, sizes
+
+
+def test_split_evenly_cuts_and_joins_partition_ranges_in_order():
+    ranges = [KafkaPartitionRange("t", 0, 0, 10), KafkaPartitionRange("t", 1, 5, 9), KafkaPartitionRange("t", 2, 3, 10)]
+    groups = split_evenly(ranges, 2)
+    assert [sum(r.size for r in g) for g in groups] == [11, 10]
+    assert groups[0] == [KafkaPartitionRange("t", 0, 0, 10), KafkaPartitionRange("t", 1, 5, 6)]
+    assert [(r.partition, o) for g in groups for r in g for o in range(r.start, r.end)] == \
+        [(r.partition, o) for r in ranges for o in range(r.start, r.end)]
+    assert split_evenly(ranges, 1) == [ranges]
+    assert len(split_evenly(ranges, 50)) == 21  # never an empty task
+    assert split_evenly([], 3) == []
 
 
 def test_rate_limit_spreads_rows_by_lag_and_always_progresses():
