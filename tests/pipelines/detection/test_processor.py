@@ -83,7 +83,8 @@ def test_late_events_are_counted_not_silently_lost(spark, detection_config):
     sinks, progress = run_in_chunks(spark, config, [events, [behind_job, out_of_order, behind_input]])
     assert sinks.late == {"late": 1, "out_of_order": 1}
     # The query's checkpoint names the shuffle partitions its state keys were spread over.
-    assert state_partitions(config.checkpoint_dir(DETECTION_QUERY)) == int(spark.conf.get("spark.sql.shuffle.partitions"))
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    assert state_partitions(config.checkpoint_dir(DETECTION_QUERY)) == partitions
     dropped = sum(p["stateOperators"][0]["numRowsDroppedByWatermark"] for p in progress if p["stateOperators"])
     assert dropped == 1
     metrics = config.detection.metrics_file.read_text()
@@ -158,3 +159,31 @@ def test_buckets_spread_evenly_over_the_state_partitions(spark):
         # ... bucket b on partition b % partitions, as state_keys says
         assert {r.bucket: r.p for r in frame.select("bucket", F.spark_partition_id().alias("p")).collect()} == \
             {k: b % partitions for b, k in enumerate(keys)}
+
+
+def test_between_tasks_a_worker_freezes_what_it_holds_and_collects_in_full_now_and_then(monkeypatch):
+    import gc
+    import time
+    import weakref
+
+    from pipelines.detection import processor
+
+    class Node:
+        pass
+
+    gc.disable()
+    try:
+        garbage = Node()
+        garbage.itself = garbage  # a cycle: only the cyclic collector frees it
+        freed = weakref.ref(garbage)
+        del garbage
+        monkeypatch.setattr(processor, "_last_full_collection", time.monotonic())
+        processor._collect_between_tasks()
+        assert gc.get_freeze_count() > 0 and freed() is not None  # left out of collections, for now
+        monkeypatch.setattr(processor, "_last_full_collection",
+                            time.monotonic() - processor.FULL_COLLECTION_EVERY_S)
+        processor._collect_between_tasks()
+        assert freed() is None  # the full collection came round
+    finally:
+        gc.unfreeze()
+        gc.enable()
