@@ -64,6 +64,21 @@ def test_latest_offsets_use_the_fetch_high_watermark(config, new_topic):
     consumer.close()
 
 
+def test_latest_offsets_from_known_offsets_skip_list_offsets_and_see_data_loss(config, new_topic):
+    topic = new_topic(partitions=2)
+    acked = produce(config, topic, 1000)
+    consumer = kafka_clients.metadata_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    ends = {p: max(o for (q, o) in acked if q == p) + 1 for p in (0, 1)}
+    # From the start, the middle and the very end of each partition: the same ends.
+    for known in ({0: 0, 1: 0}, {p: end // 2 for p, end in ends.items()}, ends):
+        assert kafka_clients.latest_offsets(consumer, topic, [0, 1], known=known) == ends
+    # A known offset past the end (the topic re-created, the broker lost data): the real end, so
+    # that the caller sees it is behind what it read, not the offset it passed in.
+    beyond = {0: ends[0] + 500, 1: ends[1]}
+    assert kafka_clients.latest_offsets(consumer, topic, [0, 1], known=beyond) == ends
+    consumer.close()
+
+
 def test_round_trip_through_source_and_sink_keeps_keys_values_and_headers(spark, config, new_topic, tmp_path):
     source_topic, sink_topic = new_topic(partitions=3), new_topic(partitions=3)
     sent = produce(config, source_topic, 5000, headers=[("trace", b"t-1")])
