@@ -198,7 +198,8 @@ class BatchRecorder(StreamingQueryListener):
                              state))
         if p.numInputRows:
             store = p.stateOperators[0] if p.stateOperators else None
-            self.progress.append({"durationMs": dict(p.durationMs or {}), "store": {} if store is None else {
+            self.progress.append({"at": time.monotonic(), "durationMs": dict(p.durationMs or {}),
+                                  "store": {} if store is None else {
                 "commitTimeMs": store.commitTimeMs, "allUpdatesTimeMs": store.allUpdatesTimeMs,
                 **{k: v for k, v in (store.customMetrics or {}).items() if "Latency" in k or "TimeMs" in k}}})
 
@@ -258,11 +259,16 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         f"(after the first three: max {steady.max() if len(steady) else float('nan'):.2f}s); longer than the trigger: "
         f"{int((durations > _seconds(trigger)).sum())}, after the first three: {int((steady > _seconds(trigger)).sum())}")
     out(f"<!-- median per batch: {phases(recorder.progress)}; state store: {store_phases(recorder.progress)} -->")
-    out("\n| minute | state rows | driver python MiB | JVM MiB | python workers MiB |")
-    out("|---:|---:|---:|---:|---:|")
+    out("\n| minute | batch p50 s | batch max s | offsets p50 ms | state rows | driver python MiB | JVM MiB | "
+        "python workers MiB |")
+    out("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seconds, state, mem in run.samples[5::6]:
-        out(f"| {seconds / 60:.0f} | {state:,} | {mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | "
-            f"{mem['python workers'] / 2**20:,.0f} |")
+        # The batches that ended in this minute (the samples are taken every 10 s, one a minute shown).
+        minute = [p["durationMs"] for p in recorder.progress if seconds - 60 < p["at"] - t0 <= seconds]
+        took = [d.get("triggerExecution", 0) / 1000.0 for d in minute] or [float("nan")]
+        offsets = [d.get("latestOffset", 0) for d in minute] or [float("nan")]
+        out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(offsets):,.0f} | {state:,} | "
+            f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
     lags = incident_latency(cfg)
     if len(lags):
         out(f"\nEvent time to incident on the topic, over {len(lags)} incident events: p50 "
