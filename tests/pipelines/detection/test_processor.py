@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from feature_store.definitions import FEATURE_NAMES
 from feature_store.job_features import features_for_events
 from feature_store.offline_store import read_features
@@ -40,9 +42,13 @@ def logged_features(spark, config) -> dict:
     return keyed
 
 
+@pytest.mark.parametrize("reads", ["parsed states kept", "every state read back"])
 def test_the_live_job_logs_the_batch_features_of_what_arrived_and_replay_gives_its_incidents(
-        spark, detection_config, tmp_path):
+        spark, detection_config, tmp_path, reads):
     config = detection_config
+    if reads == "every state read back":
+        # No state kept parsed by the workers, all jobs in one bucket: the bucket's map read at once.
+        config.detection.state_cache_jobs, config.detection.state_buckets = 0, 1
     jobs = fleet(["leak_linear", "backpressure_slow_operator", "skew_hot_key", "healthy_steady"], SEED, 40)
     arriving = as_a_collector_reports(list(simulator.merged_events(jobs)))
     thirds = len(arriving) // 3
