@@ -138,6 +138,10 @@ def long_trends(long: Sequence[Sequence[float]]) -> tuple:
     return (*relative_trend(long), deceleration(long))
 
 
+def _subtask_index(subtask: dict) -> int:
+    return subtask["index"]
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -349,13 +353,13 @@ class JobFeatureState:
     def _poll(self, event: dict) -> None:
         vid = event["vertex_id"]
         self.vertex_names[vid] = event["vertex_name"]
-        subs = sorted(event["subtasks"], key=lambda s: s["index"])
-        col = lambda name: [s.get(name) for s in subs]  # noqa: E731
+        subs = sorted(event["subtasks"], key=_subtask_index)
+        busy = [s.get("busy_time_ms_per_s") for s in subs]
+        backpressured = [s.get("backpressured_time_ms_per_s") for s in subs]
         entry = [
-            _max(col("busy_time_ms_per_s")), _mean(col("busy_time_ms_per_s")),
-            _max(col("backpressured_time_ms_per_s")), _mean(col("backpressured_time_ms_per_s")),
-            _mean(col("idle_time_ms_per_s")), _max(col("in_pool_usage")), _max(col("out_pool_usage")),
-            col("records_in_per_s"),
+            _max(busy), _mean(busy), _max(backpressured), _mean(backpressured),
+            _mean([s.get("idle_time_ms_per_s") for s in subs]), _max([s.get("in_pool_usage") for s in subs]),
+            _max([s.get("out_pool_usage") for s in subs]), [s.get("records_in_per_s") for s in subs],
         ]
         history = self.polls.setdefault(vid, [])
         history.append(entry)
@@ -640,12 +644,20 @@ class JobFeatureState:
     def _poll_features(self, vid: str) -> dict[str, Any]:
         """A vertex's features of its metric polls; busy and backpressured times still in ms/s."""
         polls = self.polls.get(vid, [])
-        f: dict[str, Any] = {"busy_max": _mean(p[0] for p in polls), "busy_mean": _mean(p[1] for p in polls),
-                             "backpressured_max": _mean(p[2] for p in polls),
-                             "backpressured_mean": _mean(p[3] for p in polls), "idle_mean": _mean(p[4] for p in polls),
-                             "in_pool_max": _mean(p[5] for p in polls), "out_pool_max": _mean(p[6] for p in polls)}
-        records = [_mean(p[7][k] if k < len(p[7]) else None for p in polls)
-                   for k in range(max((len(p[7]) for p in polls), default=0))]
+        # Each column of the polls at once (this runs for every vertex polled since the last
+        # evaluation); the means add the same values in the same order as one by one.
+        columns = list(zip(*polls)) if polls else [()] * 8
+        f: dict[str, Any] = {"busy_max": _mean(columns[0]), "busy_mean": _mean(columns[1]),
+                             "backpressured_max": _mean(columns[2]), "backpressured_mean": _mean(columns[3]),
+                             "idle_mean": _mean(columns[4]), "in_pool_max": _mean(columns[5]),
+                             "out_pool_max": _mean(columns[6])}
+        per_poll = columns[7]
+        width = max(map(len, per_poll), default=0)
+        if all(len(subtasks) == width for subtasks in per_poll):
+            records = [_mean(subtask) for subtask in zip(*per_poll)]
+        else:  # the parallelism changed within the window: a subtask missing from a poll counts as unknown
+            records = [_mean([subtasks[k] if k < len(subtasks) else None for subtasks in per_poll])
+                       for k in range(width)]
         f["records_in_max_over_mean"], f["records_in_cv"], f["_hot_records"] = _spread(records)
         f["records_in_hot_excess"] = hot_excess(records)
         f["busy_reported"] = (1.0 if polls and polls[-1][0] is not None else 0.0) if polls else None
