@@ -24,6 +24,7 @@ bench: java
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/collector.py
 	$(BIN)/python benchmarks/decisions.py
+	$(BIN)/python benchmarks/stateful_input.py
 
 venv: $(STAMP)
 

@@ -6,11 +6,12 @@ the JSON, with a plausible event time for the watermark) and runs :class:`Detect
 Spark's ``transformWithState``, on the executors. Per micro-batch and job, ``handleInputRows``
 validates the job's records in the order they arrived and consumes the usable ones
 (:meth:`FlinkJobState.read`). The Row flavour, not ``transformWithStateInPandas``: the pandas
-flavour reads a record for 4.5 us where this one takes 27.6 us (Arrow scalars, access by name),
-and ran 100,000-record backlog batches 3-11% faster (two runs), but a real-time fleet's small
-batches slower (2,000 jobs at a 2 s trigger, the same code otherwise: median batch 3.07 s against
-2.22 s, p99 5.34 s against 3.94 s over 3 minutes; BENCHMARKS.md). Scoring is one vectorised call per model over every job of the
-partition, not one per job (a scikit-learn call costs about a millisecond whatever its size),
+flavour hands a record over for 4-4.5 us where this one takes 24-28 us (Arrow scalars, access
+by name; ``benchmarks/stateful_input.py``), and ran 100,000-record backlog batches 3-11% faster
+(two runs), but a real-time fleet's small batches slower (2,000 jobs at a 2 s trigger, the same
+code otherwise: median batch 3.07 s against 2.22 s, p99 5.34 s against 3.94 s over 3 minutes;
+BENCHMARKS.md). Scoring is one vectorised call per model over every job of the partition, not
+one per job (a scikit-learn call costs about a millisecond whatever its size),
 so each state key registers a timer due at once, and Spark's timer phase, which follows the
 input rows in the same task, scores the partition's rows and steps the policy of all its jobs
 (:func:`~pipelines.detection.flink_job.decide`) at the first timer, then gives each key its

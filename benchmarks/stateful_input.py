@@ -1,0 +1,92 @@
+"""What a record costs on its way into the stateful processor, in Spark's two flavours, without
+Spark: the detection input's columns (as ``pipelines.detection.processor.detect`` hands them over)
+in one Arrow batch, turned into what each flavour's Python worker gives the processor, the way
+PySpark 4.3's ``worker.py`` does it, and read the way the processor reads it.
+
+* Row flavour (``transformWithState``): a ``Row`` per record from one Arrow scalar per column,
+  then the processor's access by name;
+* pandas flavour (``transformWithStateInPandas``): the batch to pandas, its rows regrouped by key
+  into DataFrames, then the processor's column-at-a-time read.
+
+Usage: ``.venv/bin/python benchmarks/stateful_input.py [--records N] [--buckets B]``. One core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import time
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import Row
+
+FIELDS = ("cluster", "job_id", "value", "key", "topic", "partition", "offset", "kafka_timestamp_ms")
+
+
+def input_batch(records: int, buckets: int) -> pa.RecordBatch:
+    """The stateful stage's input columns, grouping key first, sorted by it (as Spark hands them)."""
+    value = b'{"x":"' + b"1" * 1150 + b'"}'  # an input event's mean size
+    at = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    return pa.RecordBatch.from_pydict({
+        "bucket": pa.array([i * buckets // records for i in range(records)], pa.int32()),
+        "cluster": pa.array(["cluster-3"] * records),
+        "job_id": pa.array(["0123456789abcdef0123456789abcdef"] * records),
+        "event_time": pa.array([at] * records, pa.timestamp("us", tz="UTC")),
+        "key": pa.array([b"cluster-3/0123456789abcdef0123456789abcdef"] * records),
+        "value": pa.array([value] * records),
+        "topic": pa.array(["sentinel.input"] * records),
+        "partition": pa.array([i % 3 for i in range(records)], pa.int32()),
+        "offset": pa.array(list(range(records)), pa.int64()),
+        "kafka_timestamp_ms": pa.array(list(range(records)), pa.int64()),
+    })
+
+
+def row_flavour(batch: pa.RecordBatch) -> int:
+    data_row = Row(*batch.schema.names)
+    read = 0
+
+    def rows():
+        for i in range(batch.num_rows):  # as PySpark 4.3's worker does for transformWithState
+            yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
+
+    for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
+        for _, r in group:
+            fields = tuple(r[name] for name in FIELDS)  # the processor's access by name
+            read += fields[6] is not None
+    return read
+
+
+def pandas_flavour(batch: pa.RecordBatch) -> int:
+    read = 0
+
+    def rows():
+        for row in batch.to_pandas().itertuples(index=False):  # as PySpark 4.3's worker does
+            yield (row[0],), row
+
+    for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
+        frame = pd.DataFrame([r for _, r in group]).iloc[:, 1:]
+        for fields in zip(*(frame[name].tolist() for name in FIELDS)):  # a column at a time
+            read += fields[6] is not None
+    return read
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--buckets", type=int, default=32, help="state keys in the batch (a task's share of 64)")
+    args = parser.parse_args()
+    batch = input_batch(args.records, args.buckets)
+    print("| flavour | records | us per record (best of 3) |\n|---|---:|---:|")
+    for name, read in (("Row (transformWithState)", row_flavour), ("pandas (transformWithStateInPandas)", pandas_flavour)):
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            assert read(batch) == args.records
+            best = min(best, time.perf_counter() - started)
+        print(f"| {name} | {args.records:,} | {best / args.records * 1e6:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
