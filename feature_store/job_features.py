@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Sequence
 
 from feature_store.definitions import (
@@ -136,10 +137,6 @@ def deceleration(points: Sequence[Sequence[float]]) -> float | None:
 def long_trends(long: Sequence[Sequence[float]]) -> tuple:
     """(relative slope, R^2) over the long horizon, and deceleration."""
     return (*relative_trend(long), deceleration(long))
-
-
-def _subtask_index(subtask: dict) -> int:
-    return subtask["index"]
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -353,7 +350,7 @@ class JobFeatureState:
     def _poll(self, event: dict) -> None:
         vid = event["vertex_id"]
         self.vertex_names[vid] = event["vertex_name"]
-        subs = sorted(event["subtasks"], key=_subtask_index)
+        subs = sorted(event["subtasks"], key=itemgetter("index"))
         busy = [s.get("busy_time_ms_per_s") for s in subs]
         backpressured = [s.get("backpressured_time_ms_per_s") for s in subs]
         entry = [

@@ -357,8 +357,9 @@ def read_ranges(
     partition whose range is read is paused: each fetch is a broker round trip (the embedded broker
     took 100-230 ms for one late in a 10-minute fleet run)."""
     consumer = _worker_consumer(spec)
-    wanted = {TopicPartition(r.topic, r.partition): r for r in ranges if r.end > r.start}
-    if len(wanted) < len([r for r in ranges if r.end > r.start]):
+    nonempty = [r for r in ranges if r.end > r.start]
+    wanted = {TopicPartition(r.topic, r.partition): r for r in nonempty}
+    if len(wanted) < len(nonempty):
         raise ValueError("read_ranges: two ranges of one partition")
     consumer.assign(list(wanted))
     for tp, part in wanted.items():
