@@ -234,7 +234,10 @@ def _highwaters(consumer: KafkaConsumer, starts: Mapping[TopicPartition, int], t
             consumer.seek(tp, offset)
         deadline = time.monotonic() + timeout_s
         while any(consumer.highwater(tp) is None for tp in starts) and time.monotonic() < deadline:
-            consumer.poll(timeout_ms=100)
+            # A short poll: one with nothing to return waits out its whole timeout although the
+            # (empty) fetch response already set the high-watermark, and a streaming query that has
+            # caught up asks at the end of the partition every micro-batch (100 ms a query at 100).
+            consumer.poll(timeout_ms=10)
         # The fetch's high-watermark where one came (below ``starts`` only when the partition
         # lost data, which the caller must see), else the start.
         return {tp.partition: offset if consumer.highwater(tp) is None else consumer.highwater(tp)
