@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import gc
 import random
+import threading
 import time
 from collections import OrderedDict
 from typing import Iterator
@@ -316,17 +317,30 @@ class DetectionProcessor(StatefulProcessor):
 # 1,000 jobs) is left out of the automatic collections, which would otherwise walk it after every
 # task (80 ms for the youngest generation, 270 ms for a full collection, measured), and
 # everything, frozen or not, is collected in full once in a while, so that no cyclic garbage a
-# task left is kept longer than that.
+# task left is kept longer than that. The full collection runs on a thread of its own a moment
+# after the task ended, while the worker waits for its next task (its main thread blocked on the
+# socket, without the GIL), not inside the task, whose micro-batch it made longer.
 FULL_COLLECTION_EVERY_S = 300.0
+FULL_COLLECTION_AFTER_S = 0.2
 _last_full_collection = time.monotonic()
 
 
-def _collect_between_tasks() -> None:
+def _collect_between_tasks() -> threading.Thread | None:
+    """Freeze what the worker holds; start the full collection when it is due (returned, started)."""
     global _last_full_collection
-    if time.monotonic() - _last_full_collection >= FULL_COLLECTION_EVERY_S:
-        gc.unfreeze()
-        gc.collect()
-        _last_full_collection = time.monotonic()
+    gc.freeze()
+    if time.monotonic() - _last_full_collection < FULL_COLLECTION_EVERY_S:
+        return None
+    _last_full_collection = time.monotonic()
+    collection = threading.Timer(FULL_COLLECTION_AFTER_S, _collect_in_full)
+    collection.daemon = True
+    collection.start()
+    return collection
+
+
+def _collect_in_full() -> None:
+    gc.unfreeze()
+    gc.collect()
     gc.freeze()
 
 

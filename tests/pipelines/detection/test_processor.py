@@ -184,12 +184,16 @@ def test_between_tasks_a_worker_freezes_what_it_holds_and_collects_in_full_now_a
         freed = weakref.ref(garbage)
         del garbage
         monkeypatch.setattr(processor, "_last_full_collection", time.monotonic())
-        processor._collect_between_tasks()
+        assert processor._collect_between_tasks() is None
         assert gc.get_freeze_count() > 0 and freed() is not None  # left out of collections, for now
         monkeypatch.setattr(processor, "_last_full_collection",
                             time.monotonic() - processor.FULL_COLLECTION_EVERY_S)
-        processor._collect_between_tasks()
+        collection = processor._collect_between_tasks()  # on a thread, a moment after the task
+        assert collection is not None
+        collection.join(timeout=30)
         assert freed() is None  # the full collection came round
+        assert gc.get_freeze_count() > 0  # and what is left is frozen again
+        assert processor._collect_between_tasks() is None  # not due again for a while
     finally:
         gc.unfreeze()
         gc.enable()
