@@ -198,8 +198,8 @@ class BatchRecorder(StreamingQueryListener):
                              state))
         if p.numInputRows:
             store = p.stateOperators[0] if p.stateOperators else None
-            self.progress.append({"at": time.monotonic(), "durationMs": dict(p.durationMs or {}),
-                                  "store": {} if store is None else {
+            self.progress.append({"at": time.monotonic(), "rows": p.numInputRows,
+                                  "durationMs": dict(p.durationMs or {}), "store": {} if store is None else {
                 "commitTimeMs": store.commitTimeMs, "allUpdatesTimeMs": store.allUpdatesTimeMs,
                 **{k: v for k, v in (store.customMetrics or {}).items() if "Latency" in k or "TimeMs" in k}}})
 
@@ -234,6 +234,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         job.stop()
         raise RuntimeError(f"the fleet's publisher stopped before publishing (exit code {publisher.wait()})")
     out(f"<!-- {int(line.split()[2]):,} events -->")
+    first_event_ms = int(line.split()[1])
     run = FleetRun()
     t0 = time.monotonic()
     try:
@@ -259,20 +260,33 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         f"(after the first three: max {steady.max() if len(steady) else float('nan'):.2f}s); longer than the trigger: "
         f"{int((durations > _seconds(trigger)).sum())}, after the first three: {int((steady > _seconds(trigger)).sum())}")
     out(f"<!-- median per batch: {phases(recorder.progress)}; state store: {store_phases(recorder.progress)} -->")
-    out("\n| minute | batch p50 s | batch max s | offsets p50 ms | state rows | driver python MiB | JVM MiB | "
-        "python workers MiB |")
-    out("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    out("\n| minute | batch p50 s | batch max s | events per batch p50 | offsets p50 ms | state rows | "
+        "driver python MiB | JVM MiB | python workers MiB |")
+    out("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for seconds, state, mem in run.samples[5::6]:
         # The batches that ended in this minute (the samples are taken every 10 s, one a minute shown).
-        minute = [p["durationMs"] for p in recorder.progress if seconds - 60 < p["at"] - t0 <= seconds]
-        took = [d.get("triggerExecution", 0) / 1000.0 for d in minute] or [float("nan")]
-        offsets = [d.get("latestOffset", 0) for d in minute] or [float("nan")]
-        out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(offsets):,.0f} | {state:,} | "
+        minute = [p for p in recorder.progress if seconds - 60 < p["at"] - t0 <= seconds]
+        took = [p["durationMs"].get("triggerExecution", 0) / 1000.0 for p in minute] or [float("nan")]
+        offsets = [p["durationMs"].get("latestOffset", 0) for p in minute] or [float("nan")]
+        events = [p["rows"] for p in minute] or [float("nan")]
+        out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(events):,.0f} | "
+            f"{np.median(offsets):,.0f} | {state:,} | "
             f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
-    lags = incident_latency(cfg)
+    lags, incidents = incident_latency(cfg, with_incidents=True)
     if len(lags):
         out(f"\nEvent time to incident on the topic, over {len(lags)} incident events: p50 "
             f"{np.percentile(lags, 50):.1f}s, p99 {np.percentile(lags, 99):.1f}s, max {lags.max():.1f}s")
+        # Past the job's start (its first micro-batch loads the models in every Python worker, and
+        # the events of that time wait for it): what a running job gives.
+        running = lags[np.array([e["updated_at"] for e in incidents]) >= first_event_ms + MINUTE]
+        if len(running):
+            out(f"From the second minute of events on, over {len(running)}: p50 {np.percentile(running, 50):.1f}s, "
+                f"p99 {np.percentile(running, 99):.1f}s, max {running.max():.1f}s")
+        # The slowest, with what they were: a tail of one kind of event points at its cause.
+        for i in np.argsort(lags)[::-1][:5]:
+            e = incidents[i]
+            out(f"<!-- {lags[i]:.1f}s: {e['event']} {e['family']} {e['job_name']}, "
+                f"{(e['updated_at'] - first_event_ms) / 1000:.0f}s into the fleet's events -->")
     return lags
 
 
@@ -281,11 +295,15 @@ def _seconds(interval: str) -> float:
     return float(number) * (60 if unit.startswith("minute") else 1)
 
 
-def incident_latency(cfg) -> np.ndarray:
+def incident_latency(cfg, with_incidents: bool = False):
+    """Seconds from each incident event's ``updated_at`` (the event time it is about) to its record
+    on the topic; with ``with_incidents``, the incident events too."""
     consumer = kafka_clients.make_consumer(cfg.kafka.bootstrap_servers, cfg.kafka.client_kwargs())
     records = kafka_clients.read_records(consumer, cfg.topics.incidents)
     consumer.close()
-    return np.array([(r.timestamp - json.loads(r.value)["updated_at"]) / 1000.0 for r in records])
+    incidents = [json.loads(r.value) for r in records]
+    lags = np.array([(r.timestamp - e["updated_at"]) / 1000.0 for r, e in zip(records, incidents)])
+    return (lags, incidents) if with_incidents else lags
 
 
 def latency(spark, config, minutes: int, out) -> None:
