@@ -272,7 +272,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(events):,.0f} | "
             f"{np.median(offsets):,.0f} | {state:,} | "
             f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
-    lags, incidents = incident_latency(cfg, with_incidents=True)
+    lags, incidents = incident_latency(cfg)
     if len(lags):
         out(f"\nEvent time to incident on the topic, over {len(lags)} incident events: p50 "
             f"{np.percentile(lags, 50):.1f}s, p99 {np.percentile(lags, 99):.1f}s, max {lags.max():.1f}s")
@@ -295,15 +295,15 @@ def _seconds(interval: str) -> float:
     return float(number) * (60 if unit.startswith("minute") else 1)
 
 
-def incident_latency(cfg, with_incidents: bool = False):
+def incident_latency(cfg) -> tuple[np.ndarray, list[dict]]:
     """Seconds from each incident event's ``updated_at`` (the event time it is about) to its record
-    on the topic; with ``with_incidents``, the incident events too."""
+    on the topic, and the incident events, in the topic's order."""
     consumer = kafka_clients.make_consumer(cfg.kafka.bootstrap_servers, cfg.kafka.client_kwargs())
     records = kafka_clients.read_records(consumer, cfg.topics.incidents)
     consumer.close()
     incidents = [json.loads(r.value) for r in records]
     lags = np.array([(r.timestamp - e["updated_at"]) / 1000.0 for r, e in zip(records, incidents)])
-    return (lags, incidents) if with_incidents else lags
+    return lags, incidents
 
 
 def latency(spark, config, minutes: int, out) -> None:
@@ -321,7 +321,7 @@ def latency(spark, config, minutes: int, out) -> None:
         time.sleep(15)
     finally:
         job.stop()
-    lags = incident_latency(cfg)
+    lags, _ = incident_latency(cfg)
     out(f"\n### Latency: the {len(jobs)} scenarios in real time for {minutes} min, trigger 2 s, lateness "
         f"{cfg.features.lateness_s:g}s (nothing waits for it)\n")
     if len(lags):
