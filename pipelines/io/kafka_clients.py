@@ -236,7 +236,8 @@ def _highwaters(consumer: KafkaConsumer, starts: Mapping[TopicPartition, int], t
         while any(consumer.highwater(tp) is None for tp in starts) and time.monotonic() < deadline:
             # A short poll: one with nothing to return waits out its whole timeout although the
             # (empty) fetch response already set the high-watermark, and a streaming query that has
-            # caught up asks at the end of the partition every micro-batch (100 ms a query at 100).
+            # caught up asks at the end of the partition every micro-batch (a 100 ms poll cost it
+            # 100 ms a query).
             consumer.poll(timeout_ms=10)
         # The fetch's high-watermark where one came (below ``starts`` only when the partition
         # lost data, which the caller must see), else the start.
