@@ -304,7 +304,7 @@ class FeaturesConfig(_Strict):
                                                      "waits for it: events are used as they arrive.")
     max_source_delay_s: float = Field(300.0, gt=0, description="How far behind the newest event of the whole input "
                                                                "an event may arrive (clock skew, a collector behind "
-                                                               "the others) before Spark drops it; also how long "
+                                                               "the others) before it is late; also how long "
                                                                "after its idle timeout a silent job is forgotten.")
     idle_timeout_s: float = Field(1800.0, gt=0, description="A job silent this long (event time) is forgotten.")
 

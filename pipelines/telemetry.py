@@ -60,11 +60,12 @@ class DetectionMetrics:
                                     ["query"], registry=r)
         self.state_rows = Gauge(f"{PREFIX}_state_rows", "Rows in the query's state store", ["query"], registry=r)
         self.dropped_late = Counter(f"{PREFIX}_rows_dropped_by_watermark",
-                                    "Events Spark dropped as further behind the newest input than "
-                                    "features.max_source_delay_s", ["query"], registry=r)
+                                    "Rows Spark dropped behind a query's watermark (the detection query drops none: "
+                                    "it counts them in late_events)", ["query"], registry=r)
         self.late_events = Counter(f"{PREFIX}_late_events", "Events not used: more than features.lateness_s "
-                                   "behind their job's latest (late), or out of order in their stream", ["reason"],
-                                   registry=r)
+                                   "behind their job's latest (late), out of order in their stream, or further "
+                                   "behind the newest input than features.max_source_delay_s (behind_watermark)",
+                                   ["reason"], registry=r)
         self.input_lag = Gauge(f"{PREFIX}_input_lag_seconds",
                                "How far the query's event time (watermark) is behind the wall clock", ["query"], registry=r)
         self.last_batch = Gauge(f"{PREFIX}_last_batch_timestamp_seconds", "When the query last finished a batch",

@@ -62,6 +62,10 @@ class Record:
     kafka_timestamp_ms: int | None = None
 
 
+# Why an event is not used, besides the feature machine's reasons (late, out_of_order).
+BEHIND_WATERMARK = "behind_watermark"
+
+
 @dataclass
 class Reading:
     """What one job's records gave: feature rows, dead letters, late events by reason, and a
@@ -95,9 +99,12 @@ class FlinkJobState:
                             option=orjson.OPT_SERIALIZE_NUMPY)
 
     def read(self, records: Iterable[Record], now_ms: int, rules: ReadRules,
-             key: tuple[str, str] | None = None) -> Reading:
+             key: tuple[str, str] | None = None, watermark_ms: int | None = None) -> Reading:
         """Validate and use ``records`` (in arrival order). ``key``, when given, is the job the
-        records were routed to by their JSON: an event naming another job is a dead letter."""
+        records were routed to by their JSON: an event naming another job is a dead letter.
+        ``watermark_ms``, when given, is how far the whole input's event time has come less the
+        sources' delay: an event behind it is late (:data:`BEHIND_WATERMARK`) whatever its job's
+        state, so that a collector far behind the others cannot start a forgotten job afresh."""
         reading = Reading()
         for record in records:
             event, reason, error = check_event(record.value, now_ms, rules.max_future_ms)
@@ -109,6 +116,9 @@ class FlinkJobState:
                 continue
             if record.offset % SAMPLE_EVERY == 0:
                 reading.samples.append(record.value)
+            if watermark_ms is not None and event["ts"] < watermark_ms:
+                reading.late[BEHIND_WATERMARK] = reading.late.get(BEHIND_WATERMARK, 0) + 1
+                continue
             self.use(event, rules, reading)
         return reading
 

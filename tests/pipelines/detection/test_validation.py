@@ -76,3 +76,18 @@ def test_a_jobs_records_split_into_used_events_and_dead_letters_with_their_origi
     assert letters[1]["value_encoding"] == "utf-8" and letters[1]["value"] == bad[1].decode()
     for letter in letters:
         assert DEAD_LETTER.errors(letter) == []
+
+
+def test_events_behind_the_watermark_are_counted_late_even_for_a_job_without_state():
+    """A collector far behind the others cannot start a forgotten job afresh from old events."""
+    from feature_store.job_features import features_for_events
+    from pipelines.detection.flink_job import BEHIND_WATERMARK, FlinkJobState, ReadRules, Record
+
+    good = [e for e in example_events(30) if (e["cluster"], e["job_id"]) == (CHECKPOINT["cluster"], CHECKPOINT["job_id"])]
+    watermark = sorted(e["ts"] for e in good)[len(good) // 2]
+    records = [Record(encoded(e), None, "flink.metrics", 0, offset) for offset, e in enumerate(good)]
+    rules = ReadRules(300_000, 30 * 60_000, 10_000)
+    reading = FlinkJobState().read(records, NOW, rules, watermark_ms=watermark)
+    behind = [e for e in good if e["ts"] < watermark]
+    assert behind and reading.late == {BEHIND_WATERMARK: len(behind)}
+    assert len(reading.rows) == len(features_for_events([e for e in good if e["ts"] >= watermark]))
