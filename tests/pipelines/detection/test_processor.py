@@ -168,6 +168,28 @@ def test_buckets_spread_evenly_over_the_state_partitions(spark):
             {k: b % partitions for b, k in enumerate(keys)}
 
 
+def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_start_stops(spark, detection_config):
+    """A stateful task's two Python workers (the processor's, the feature log writer's) per
+    shuffle partition, each with the champions the driver resolves; a registry the workers
+    cannot load from stops the job's start with what it is."""
+    import orjson
+
+    from models.registry import ModelUnavailable
+    from pipelines.detection.processor import load_models_on_workers
+
+    config = detection_config
+    champions = {family: [m.name, m.version] for family, m in ChampionCache(config).require().items()}
+    workers = load_models_on_workers(spark, config)
+    assert len(workers) == 2 * int(spark.conf.get("spark.sql.shuffle.partitions"))
+    assert [orjson.loads(w["models"]) for w in workers] == [champions] * len(workers)
+
+    config.mlflow.alias = "nobody"
+    with pytest.raises(ModelUnavailable, match=r"Python workers could not load the champions.*no model has the alias "
+                                               r"'nobody'"):
+        start_detection(spark, config, ChampionCache(detection_config))
+    assert not spark.streams.active
+
+
 def test_between_tasks_a_worker_freezes_what_it_holds_and_collects_in_full_now_and_then(monkeypatch):
     import gc
     import time
