@@ -222,13 +222,17 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
     out(f"\n### A fleet in real time: {jobs_n:,} jobs polled every 5 s, {minutes} min, trigger {trigger}\n")
     config_file = Path(cfg.state_dir) / "fleet-target.json"
     config_file.write_text(json.dumps(target(cfg)))
-    publisher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fleet_publisher.py")),
-                                  str(config_file), str(jobs_n), str(minutes)], stdout=subprocess.PIPE, text=True)
     cache = ChampionCache(cfg)
     cache.require()
     recorder = BatchRecorder()
     spark.streams.addListener(recorder)
+    # The job first (its Python workers load the models before its query starts), then the fleet:
+    # what is measured is a running job's, not its start's (reported on its own).
+    started = time.monotonic()
     job = start_detection(spark, cfg, cache)
+    out(f"<!-- the job started (models loaded in its Python workers) in {time.monotonic() - started:.1f}s -->")
+    publisher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fleet_publisher.py")),
+                                  str(config_file), str(jobs_n), str(minutes)], stdout=subprocess.PIPE, text=True)
     line = publisher.stdout.readline()  # "ready <start> <events>" once simulated
     if not line.startswith("ready"):
         job.stop()
@@ -309,14 +313,16 @@ def incident_latency(cfg) -> tuple[np.ndarray, list[dict]]:
 def latency(spark, config, minutes: int, out) -> None:
     cfg = fresh_topics(config, "latency")
     cfg.spark.trigger_interval = "2 seconds"
-    start_ts = int(time.time() * 1000) + 30_000
-    jobs = [simulator.simulate_job(name, 3000, i, minutes * MINUTE, cluster="bench", start_ts=start_ts)
-            for i, name in enumerate(simulator.CATALOGUE)]
-    records = encoded(simulator.merged_events(jobs))
     cache = ChampionCache(cfg)
     cache.require()
-    job = start_detection(spark, cfg, cache)
+    job = start_detection(spark, cfg, cache)  # running before the first event (as in the fleet)
     try:
+        start_ts = int(time.time() * 1000) + 15_000
+        jobs = [simulator.simulate_job(name, 3000, i, minutes * MINUTE, cluster="bench", start_ts=start_ts)
+                for i, name in enumerate(simulator.CATALOGUE)]
+        records = encoded(simulator.merged_events(jobs))
+        if records[0][0] < time.time() * 1000:
+            raise RuntimeError("simulating the scenarios took longer than 15 s: their first events would be late")
         publish(target(cfg), records, pace=True)
         time.sleep(15)
     finally:
