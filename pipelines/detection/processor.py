@@ -42,6 +42,7 @@ Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``
 from __future__ import annotations
 
 import gc
+import os
 import random
 import threading
 import time
@@ -116,7 +117,7 @@ def detect(records: DataFrame, config, state_partitions: int) -> DataFrame:
     # Only the columns the processor reads: its Python worker builds a record's Row from one
     # Arrow scalar per column, 2-5 us each, so the event time (which only the watermark needs)
     # stays behind and the record's place in Kafka travels as one string (benchmarks/
-    # stateful_input.py: 23.4 -> 10.5 us a record). Without the event time Spark drops nothing
+    # stateful_input.py: 23.5 -> 12.1 us a record). Without the event time Spark drops nothing
     # behind the watermark before the processor, which counts such events late itself.
     source = F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"),
                          F.coalesce(F.col("kafka_timestamp_ms").cast("string"), F.lit("")), "topic")
@@ -172,8 +173,9 @@ def load_models_on_workers(spark, config) -> list[dict]:
     """Have the Python workers the detection query will use import the processor and load the
     champions before its first micro-batch, which otherwise spends 10-15 s on it while the
     first events wait: a batch query of the same shape (a stateful processor, then a
-    ``mapInArrow`` like the feature log writer's) with a task per shuffle partition. Spark keeps Python
-    workers apart by kind (a stateful processor's are not a ``mapInArrow``'s) and reuses them.
+    ``mapInArrow`` like the feature log writer's) with a task per shuffle partition. Spark keeps
+    Python workers apart by kind (a stateful processor's are not a ``mapInArrow``'s) and reuses
+    them.
     Returns each worker's process id and model versions; raises
     :class:`~models.registry.ModelUnavailable` when a worker cannot load any model."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # a stateful task each
@@ -204,8 +206,6 @@ class _ModelLoader(StatefulProcessor):
         yield pa.RecordBatch.from_pylist([self.load()], schema=to_arrow_schema(WORKER_SCHEMA))
 
     def load(self) -> dict:
-        import os
-
         cache = worker_champions(self.config)
         cache.ready()
         return {"pid": os.getpid(), "models": orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()})
