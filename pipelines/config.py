@@ -355,6 +355,11 @@ class DetectionConfig(_Strict):
                                                             "between micro-batches (about 50 KB each), read from "
                                                             "Spark's state store only when another worker wrote them "
                                                             "last; 0: always read.")
+    keep_workers_warm_s: float | None = Field(30.0, gt=0, lt=60, description="While no micro-batch has read input "
+                                              "for this long, `sentinel run` has its Python workers load the "
+                                              "champions again, so that Spark, which stops a Python worker idle "
+                                              "for a minute, keeps them (a new worker loads the models for 8-15 s "
+                                              "while the first events after the pause wait); null: never.")
     gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
                                                              "(it runs beside the job, off its critical path).")

@@ -156,6 +156,7 @@ class RunningJob:
     listener: MetricsListener
     validator: BackgroundValidator
     metrics_server: MetricsServer | None = None  # /metrics for Prometheus
+    keeper: WorkerKeeper | None = None  # the Python workers kept while the input is quiet
 
     @property
     def queries(self) -> list:
@@ -180,6 +181,8 @@ class RunningJob:
         last metrics written. A batch cut short anyway (one that runs past
         ``boundary_timeout_s``) is re-run on restart and re-sends the same incident ids."""
         deadline = time.monotonic() + boundary_timeout_s
+        if self.keeper is not None:
+            self.keeper.stop(boundary_timeout_s)
         _poll_until(lambda: _between_batches(self.query), deadline, every_s=0.1)
         # The listener goes before the query: Spark posts the termination event asynchronously,
         # and a Python listener called after its process has moved on only fills the log with errors.
@@ -190,6 +193,48 @@ class RunningJob:
         self.validator.wait(10)
         if self.metrics_server is not None:
             self.metrics_server.close()
+
+
+class WorkerKeeper:
+    """Keeps the detection query's Python workers, and the champions loaded in them, while its
+    input is quiet. Spark stops a Python worker idle for a minute (a constant of its worker
+    factory, not a setting), and the next micro-batch's new workers load the models again, 8-15 s
+    measured, while the first events after the pause wait. So while no micro-batch has read input
+    for ``idle_s``, the warm-up of the job's start runs again (:func:`load_models_on_workers`: a
+    task per shuffle partition in the workers Spark finds idle, 0.5 s when they are warm); a
+    micro-batch that starts meanwhile waits that long at most for its cores."""
+
+    def __init__(self, spark: SparkSession, config: SentinelConfig, query, idle_s: float, workers: list[dict]):
+        self.spark, self.config, self.query, self.idle_s = spark, config, query, idle_s
+        self.workers = workers  # the Python workers (process id, model versions) of the last warm-up
+        self.runs = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="keep-python-workers", daemon=True)
+
+    def start(self) -> "WorkerKeeper":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout_s)
+
+    def _keep(self) -> None:
+        last_used, seen = time.monotonic(), None
+        while not self._stopping.wait(min(5.0, self.idle_s / 4)):
+            try:
+                progress = self.query.lastProgress
+                if progress and progress["numInputRows"] > 0 and progress["timestamp"] != seen:
+                    seen, last_used = progress["timestamp"], time.monotonic()
+                if time.monotonic() - last_used < self.idle_s:
+                    continue
+                if not self.query.isActive:
+                    return
+                self.workers = load_models_on_workers(self.spark, self.config)
+                self.runs += 1
+            except Exception as exc:  # the next micro-batch's workers load the models themselves
+                log.warning("could not keep the Python workers warm: %s", (str(exc).splitlines() or [repr(exc)])[0])
+            last_used = time.monotonic()
 
 
 def _poll_until(done: Callable[[], bool], deadline: float, every_s: float) -> None:
@@ -215,7 +260,7 @@ def _refuse_earlier_checkpoint(config: SentinelConfig) -> None:
             "spark.checkpoint_location at a new folder) to start afresh from kafka.starting_offsets")
 
 
-def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> None:
+def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> list[dict]:
     """The champions loaded in the Python workers before the first micro-batch (which would
     otherwise take 10-15 s longer while the first events wait), or a stop that says why not."""
     started = time.monotonic()
@@ -229,6 +274,7 @@ def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> None
                                f"{config.mlflow.registry_uri}: {reason.strip()[:500]}") from exc
     log.info("%d Python workers loaded the champions in %.1fs: %s", len(workers), time.monotonic() - started,
              workers[0]["models"] if workers else "-")
+    return workers
 
 
 def state_partitions(checkpoint: Location) -> int | None:
@@ -254,7 +300,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
                                 [config.topics.input, config.topics.incidents, config.topics.dead_letter],
                                 kafka.topic_partitions)
     _refuse_earlier_checkpoint(config)
-    _load_models_on_workers(spark, config)
+    workers = _load_models_on_workers(spark, config)
     detection = config.detection
     metrics = DetectionMetrics()
     server = serve(metrics.registry, detection.metrics_host, detection.metrics_port) \
@@ -271,4 +317,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
               .option("checkpointLocation", config.checkpoint_dir(DETECTION_QUERY).spark_path))
     writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
         processingTime=config.spark.trigger_interval)
-    return RunningJob(spark, writer.start(), sinks, listener, validator, server)
+    query = writer.start()
+    keeper = None if available_now or detection.keep_workers_warm_s is None else \
+        WorkerKeeper(spark, config, query, detection.keep_workers_warm_s, workers).start()
+    return RunningJob(spark, query, sinks, listener, validator, server, keeper)

@@ -165,6 +165,24 @@ def test_moving_the_champion_alias_changes_the_version_in_new_incidents(spark, d
     assert versions[(job_b.truth["job_id"], "opened")] == second != first
 
 
+def test_the_python_workers_and_their_models_outlast_a_quiet_input(spark, detection_config):
+    # Spark stops a Python worker idle for 60 s; the job's warm-up runs again while no batch reads
+    # input, so after 70 quiet seconds the workers that loaded the champions at the start are there.
+    config = detection_config
+    config.detection.keep_workers_warm_s = 20.0
+    running = start_detection(spark, config, ChampionCache(config))
+    try:
+        started_with = running.keeper.workers
+        time.sleep(70)
+        kept = running.keeper.workers
+        runs = running.keeper.runs
+    finally:
+        running.stop()
+    assert runs >= 2
+    assert started_with and sorted(w["pid"] for w in kept) == sorted(w["pid"] for w in started_with)
+    assert all(w["models"] == started_with[0]["models"] != "{}" for w in kept)
+
+
 def _example_rows(loaded):
     import pandas as pd
 
