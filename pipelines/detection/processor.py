@@ -180,11 +180,12 @@ def load_models_on_workers(spark, config) -> list[dict]:
     :class:`~models.registry.ModelUnavailable` when a worker cannot load any model."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # a stateful task each
     keys = F.array(*[F.lit(k) for k in state_keys(partitions, partitions)])
+    loader = _ModelLoader(config)
     warmed = (spark.range(0, partitions, 1, 1).select(F.element_at(keys, F.col("id").cast("int") + 1).alias("task"))
               .groupBy("task")
-              .transformWithState(statefulProcessor=_ModelLoader(config), outputStructType=WORKER_SCHEMA,
+              .transformWithState(statefulProcessor=loader, outputStructType=WORKER_SCHEMA,
                                   outputMode="Append", timeMode="None")
-              .mapInArrow(_ModelLoader(config).pass_on, WORKER_SCHEMA))
+              .mapInArrow(loader.pass_on, WORKER_SCHEMA))
     return [row.asDict() for row in warmed.collect()]
 
 
