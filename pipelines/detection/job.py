@@ -230,6 +230,8 @@ class WorkerKeeper:
                     continue
                 if not self.query.isActive:
                     return
+                if self.query.status["isTriggerActive"]:
+                    continue  # a micro-batch under way (a long one, or a trigger looking for input) uses them
                 self.workers = load_models_on_workers(self.spark, self.config)
                 self.runs += 1
             except Exception as exc:  # the next micro-batch's workers load the models themselves
