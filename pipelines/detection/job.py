@@ -200,7 +200,7 @@ class WorkerKeeper:
     input is quiet. Spark stops a Python worker idle for a minute (a constant of its worker
     factory, not a setting), and the next micro-batch's new workers load the models again, 8-15 s
     measured, while the first events after the pause wait. So while no micro-batch has read input
-    for ``idle_s``, the warm-up of the job's start runs again (:func:`load_models_on_workers`: a
+    for ``idle_s``, the warm-up of the job's start runs again (:func:`_load_models_on_workers`: a
     task per shuffle partition in the workers Spark finds idle, 0.5 s when they are warm); a
     micro-batch that starts meanwhile waits that long at most for its cores."""
 
@@ -232,10 +232,10 @@ class WorkerKeeper:
                     return
                 if self.query.status["isTriggerActive"]:
                     continue  # a micro-batch under way (a long one, or a trigger looking for input) uses them
-                self.workers = load_models_on_workers(self.spark, self.config)
+                self.workers = _load_models_on_workers(self.spark, self.config)
                 self.runs += 1
             except Exception as exc:  # the next micro-batch's workers load the models themselves
-                log.warning("could not keep the Python workers warm: %s", (str(exc).splitlines() or [repr(exc)])[0])
+                log.warning("could not keep the Python workers warm: %s", exc)
             last_used = time.monotonic()
 
 
