@@ -16,6 +16,11 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import HistGradientBoostingClassifier, IsolationForest
 
+try:  # scikit-learn's own, for isolation_scores (private: absent, score_samples does the work)
+    from sklearn.ensemble._iforest import _average_path_length
+except ImportError:  # pragma: no cover - another scikit-learn layout
+    _average_path_length = None
+
 from feature_store.definitions import FEATURES, features_of
 from pipelines.families import FAMILIES, LOCALISED
 
@@ -218,8 +223,33 @@ class NoveltyDetector(_Scorer):
 
     def _score(self, frame: pd.DataFrame) -> np.ndarray:
         X = frame.loc[:, list(self.config.features)].astype("float64").fillna(self.medians).to_numpy()
-        # score_samples is -2^(-depth/c), in [-1, 0): negated, 1 is the most isolated.
-        return np.clip(-self.model.score_samples(X), 0.0, 1.0)
+        # 2^(-depth/c), in (0, 1]: 1 is the most isolated.
+        return np.clip(isolation_scores(self.model, X), 0.0, 1.0)
+
+
+def isolation_scores(forest: IsolationForest, X: np.ndarray) -> np.ndarray:
+    """``-forest.score_samples(X)``, the same numbers, without scikit-learn handing each tree to
+    joblib on its own: that costs about 0.2 ms a tree whatever the rows (20 ms a call for 100
+    trees, most of a real-time micro-batch's scoring), where a tree's own work on a few thousand
+    rows is a few microseconds. The same steps in the same order as scikit-learn's (the trees
+    in turn, each one's path lengths added to the running depths); a forest without the
+    per-tree tables these steps read (another scikit-learn version) is scored by
+    ``score_samples``."""
+    lengths = getattr(forest, "_decision_path_lengths", None)
+    averages = getattr(forest, "_average_path_length_per_tree", None)
+    if lengths is None or averages is None or _average_path_length is None:
+        return -forest.score_samples(X)
+    X = np.asarray(X, dtype=np.float32)  # as score_samples converts it
+    if X.ndim != 2 or X.shape[1] != forest.n_features_in_:
+        raise ValueError(f"X of shape {X.shape}: the forest was fitted on {forest.n_features_in_} features")
+    subsample = forest._max_features != X.shape[1]
+    depths = np.zeros(X.shape[0], order="f")
+    for tree, features, tree_lengths, tree_averages in zip(forest.estimators_, forest.estimators_features_,
+                                                          lengths, averages):
+        leaves = tree.apply(X[:, features] if subsample else X, check_input=False)
+        depths += tree_lengths[leaves] + tree_averages[leaves] - 1.0
+    denominator = len(forest.estimators_) * _average_path_length([forest._max_samples])
+    return 2 ** (-np.divide(depths, denominator, out=np.ones_like(depths), where=denominator != 0))
 
 
 def make_detector(config: DetectorConfig) -> FamilyDetector | NoveltyDetector:

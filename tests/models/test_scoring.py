@@ -12,7 +12,9 @@ from sklearn.metrics import roc_auc_score
 from feature_store.job_features import features_for_events
 from feature_store.labels import label_rows
 from models.baseline import baseline_decisions
-from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
+from sklearn.ensemble import IsolationForest
+
+from models.detectors import FAMILY_LEVEL, DetectorConfig, isolation_scores, make_detector, rows_for
 from models.evaluation import row_metrics
 from models.post_rule import PostRule
 from pipelines import simulator
@@ -227,3 +229,17 @@ def test_scoring_needs_a_fitted_detector_and_accepts_no_rows():
     novelty = make_detector(DetectorConfig("anomaly")).fit(
         pd.DataFrame({name: np.linspace(0, 1, 20) for name in DetectorConfig("anomaly").features}))
     assert novelty.score(frame.iloc[0:0]).shape == (0,)
+
+
+@pytest.mark.parametrize("max_features", [1.0, 0.5])
+def test_the_novelty_scores_are_scikit_learns_to_the_last_bit(max_features):
+    rng = np.random.default_rng(4)
+    train = rng.normal(size=(600, 7))
+    forest = IsolationForest(n_estimators=40, max_features=max_features, random_state=5).fit(train)
+    rows = np.vstack([rng.normal(size=(300, 7)), rng.normal(6, 1, size=(5, 7)), train[:3]])
+    fast = isolation_scores(forest, rows)
+    assert np.array_equal(fast, -forest.score_samples(rows))  # bit for bit, not approximately
+    assert fast[300:305].min() > np.median(fast[:300])  # and they still say something: the far rows stand out
+    assert isolation_scores(forest, np.asfortranarray(rows)).tolist() == fast.tolist()
+    with pytest.raises(ValueError, match="7 features"):
+        isolation_scores(forest, rows[:, :6])
