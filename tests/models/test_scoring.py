@@ -7,13 +7,12 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.ensemble import IsolationForest
 from sklearn.metrics import roc_auc_score
 
 from feature_store.job_features import features_for_events
 from feature_store.labels import label_rows
 from models.baseline import baseline_decisions
-from sklearn.ensemble import IsolationForest
-
 from models.detectors import FAMILY_LEVEL, DetectorConfig, isolation_scores, make_detector, rows_for
 from models.evaluation import row_metrics
 from models.post_rule import PostRule
