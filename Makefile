@@ -25,6 +25,7 @@ bench: java
 	$(BIN)/python benchmarks/collector.py
 	$(BIN)/python benchmarks/decisions.py
 	$(BIN)/python benchmarks/stateful_input.py
+	$(BIN)/python benchmarks/novelty_scoring.py
 
 venv: $(STAMP)
 

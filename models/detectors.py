@@ -229,9 +229,9 @@ class NoveltyDetector(_Scorer):
 
 def isolation_scores(forest: IsolationForest, X: np.ndarray) -> np.ndarray:
     """``-forest.score_samples(X)``, the same numbers, without scikit-learn handing each tree to
-    joblib on its own: that costs about 0.2 ms a tree whatever the rows (20 ms a call for 100
-    trees, most of a real-time micro-batch's scoring), where a tree's own work on a few thousand
-    rows is a few microseconds. The same steps in the same order as scikit-learn's (the trees
+    joblib on its own: that costs about 0.05 ms a tree whatever the rows (16 ms a call for the
+    champion's 300 trees, most of a real-time micro-batch's scoring), where a tree's own work on
+    a few rows is a few microseconds (``benchmarks/novelty_scoring.py``). The same steps in the same order as scikit-learn's (the trees
     in turn, each one's path lengths added to the running depths); a forest without the
     per-tree tables these steps read (another scikit-learn version) is scored by
     ``score_samples``."""
