@@ -26,6 +26,7 @@ bench: java
 	$(BIN)/python benchmarks/decisions.py
 	$(BIN)/python benchmarks/stateful_input.py
 	$(BIN)/python benchmarks/novelty_scoring.py
+	$(BIN)/python benchmarks/input_keying.py
 
 venv: $(STAMP)
 

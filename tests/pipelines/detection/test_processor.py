@@ -150,6 +150,53 @@ def test_a_worker_reuses_a_parsed_state_only_while_the_store_holds_the_version_i
     assert parsed.take("d", 4) is None  # 0: nothing kept
 
 
+def test_the_input_is_keyed_by_job_with_the_event_time_of_its_top_level_ts(spark):
+    """What Spark reads before the shuffle (the job from the key, the event time by a pattern
+    where it can and by the JSON path where it cannot) agrees with a JSON parser on every shape
+    of record, and a "ts" that is no integer is a null event time, not a failed micro-batch."""
+    import json
+    import re
+    import time
+
+    from pyspark.sql import functions as F
+
+    from pipelines.detection.processor import detection_input
+    from pipelines.detection.validation import EARLIEST_TS
+
+    ts, job = 1767225613500, "0123456789abcdef0123456789abcdef"
+    event = {"schema_version": 1, "kind": "job_status", "cluster": "c1", "job_id": job, "job_name": "n", "ts": ts}
+    values = [
+        json.dumps(event, separators=(",", ":")),  # as the collector writes it
+        json.dumps(event),  # spaces after the separators
+        '{ "ts" : %d }' % ts,
+        '{"vertices": [{"ts": 5}], "ts": %d}' % ts,  # behind a nested value: the JSON path
+        '{"labels": {"ts": 5}, "ts": %d}' % ts,
+        '{"job_name": "a \\"ts\\": 5 b", "ts": %d}' % ts,  # an escaped quote before it
+        '{"job_name": "x", "ts": %d.0}' % ts, '{"ts": 1.5e12}', '{"ts": "soon"}', '{"ts": null}',
+        '{"ts": 99999999999999999999}', '{"ts": 1767225613}', '{"ts": -1}', '{"cluster": "c2"}',
+        "not json", None,
+    ]
+    keys = [f"c1/{job}", f"a/b/{job}", "bad/record", f"c1/{job.upper()}", None]
+    records = [(None if k is None else k.encode(), None if v is None else v.encode(), "in", 0, i * len(keys) + j, None)
+               for i, v in enumerate(values) for j, k in enumerate(keys)]
+    frame = spark.createDataFrame(records, "key binary, value binary, topic string, partition int, offset long, "
+                                           "timestamp timestamp")
+    read = {r.offset: r for r in detection_input(frame, 300_000)
+            .select("offset", "cluster", "job_id", F.unix_millis("event_time").alias("event_ms")).collect()}
+    assert len(read) == len(records)
+    for key, value, _, _, offset, _ in records:
+        try:
+            document = json.loads(value)
+        except (TypeError, ValueError):
+            document = {}
+        found = re.fullmatch(r"(.+)/([0-9a-f]{32})", key.decode()) if key is not None else None
+        cluster, job_id = found.groups() if found else (document.get("cluster"), document.get("job_id"))
+        plausible = type(document.get("ts")) is int and EARLIEST_TS <= document["ts"] <= time.time() * 1000 + 300_000
+        expected = document["ts"] if plausible else None
+        row = read[offset]
+        assert (row.cluster, row.job_id, row.event_ms) == (cluster, job_id, expected), (key, value)
+
+
 def test_buckets_spread_evenly_over_the_state_partitions(spark):
     """Spark's own hash partitioning (that of the stateful stage's shuffle) gives every partition
     the same number of buckets, so no task has more jobs than the others."""
