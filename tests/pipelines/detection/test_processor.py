@@ -184,17 +184,17 @@ def test_the_input_is_keyed_by_job_with_the_event_time_of_its_top_level_ts(spark
     read = {r.offset: r for r in detection_input(frame, 300_000)
             .select("offset", "cluster", "job_id", F.unix_millis("event_time").alias("event_ms")).collect()}
     assert len(read) == len(records)
-    for key, value, _, _, offset, _ in records:
+    for record_key, value, _, _, offset, _ in records:
         try:
             document = json.loads(value)
         except (TypeError, ValueError):
             document = {}
-        found = re.fullmatch(r"(.+)/([0-9a-f]{32})", key.decode()) if key is not None else None
+        found = re.fullmatch(r"(.+)/([0-9a-f]{32})", record_key.decode()) if record_key is not None else None
         cluster, job_id = found.groups() if found else (document.get("cluster"), document.get("job_id"))
         plausible = type(document.get("ts")) is int and EARLIEST_TS <= document["ts"] <= time.time() * 1000 + 300_000
         expected = document["ts"] if plausible else None
         row = read[offset]
-        assert (row.cluster, row.job_id, row.event_ms) == (cluster, job_id, expected), (key, value)
+        assert (row.cluster, row.job_id, row.event_ms) == (cluster, job_id, expected), (record_key, value)
 
 
 def test_buckets_spread_evenly_over_the_state_partitions(spark):
