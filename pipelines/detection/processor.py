@@ -82,6 +82,8 @@ CONTRACT_KEY = r"^(.+)/([0-9a-f]{32})$"
 # cannot vouch for (``ts`` after the vertices, a string before it with an escape, a fraction or an
 # exponent, 19 digits or more) is read by Spark's JSON path instead. Valid JSON has no other
 # ``"ts":`` there: without a backslash a string holds no quote, and a string before a colon is a key.
+# A record cut short after such a ``ts`` still gives it, as a whole one would (the processor makes
+# the record a dead letter; its event time moves the watermark no further than a valid one's could).
 LEADING_TS = r'^\{[^{}\[\]\\]*?"ts"\s*:\s*(-?[0-9]{1,18})\s*[,}]'
 
 
