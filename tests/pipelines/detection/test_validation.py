@@ -91,3 +91,58 @@ def test_events_behind_the_watermark_are_counted_late_even_for_a_job_without_sta
     behind = [e for e in good if e["ts"] < watermark]
     assert behind and reading.late == {BEHIND_WATERMARK: len(behind)}
     assert len(reading.rows) == len(features_for_events([e for e in good if e["ts"] >= watermark]))
+
+
+def _numeric_paths(node, path=()):
+    if isinstance(node, dict):
+        for name, value in node.items():
+            yield from _numeric_paths(value, path + (name,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node[:1]):
+            yield from _numeric_paths(value, path + (index,))
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        yield path
+
+
+def _set(event, path, value):
+    node = event
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+
+
+@pytest.mark.parametrize("extreme", [2**63 - 1, -(2**63), 2**63, 10**200, 1.7e308, -1.7e308, 1e-300])
+def test_no_number_an_event_may_hold_fails_the_features_or_the_state(extreme):
+    """Every number of every kind of event set to an extreme, one at a time: the event is refused
+    as a dead letter, or the job's features and its state's JSON take it. Past a Java long the
+    features' squares overflowed and the state's JSON refused the integers, failing the batch."""
+    import copy
+
+    from pipelines import simulator
+    from pipelines.detection.flink_job import FlinkJobState, ReadRules, Record, feature_frame
+
+    events = simulator.simulate_job("leak_seed000", 5, 0, 4 * 60_000).events
+    key = (events[0]["cluster"], events[0]["job_id"])
+    now = events[-1]["ts"] + 1_000
+    rules = ReadRules(300_000, 30 * 60_000, 10_000)
+    firsts = {}
+    for event in events:
+        firsts.setdefault(event["kind"], event)
+    for kind, first in firsts.items():
+        for path in _numeric_paths(first):
+            if path[0] in ("schema_version", "ts"):
+                continue
+            changed = copy.deepcopy(events)
+            for event in changed:
+                if event["kind"] == kind:
+                    try:
+                        _set(event, path, extreme)
+                    except (IndexError, KeyError, TypeError):
+                        continue
+            records = [Record(json.dumps(e).encode(), offset=i) for i, e in enumerate(changed)]
+            job = FlinkJobState()
+            reading = job.read(records, now, rules, key=key)
+            feature_frame(reading.rows)
+            job.to_bytes()
+            if abs(extreme) >= 2**63:
+                assert reading.dead_letters and reading.dead_letters[0]["reason"] == "schema_violation", (kind, path)
