@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from benchmarks.fleet_publisher import encoded  # noqa: E402
+from benchmarks.kafka_io import machine  # noqa: E402
 from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from pipelines.detection.processor import CONTRACT_KEY, detection_input  # noqa: E402
@@ -69,8 +69,7 @@ def main() -> None:
     columns = ["offset", "cluster", "job_id", "event_time"]
     same = variants["detection_input"].select(*columns).exceptAll(variants["before: key patterns, JSON path"]
                                                                   .select(*columns)).count() == 0
-    print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}; {len(records):,} records "
-          f"of 600 jobs, local[2]; the same rows: {same}")
+    print(f"machine: {machine()}; {len(records):,} records of 600 jobs, local[2]; the same rows: {same}")
     print("| keying | seconds (best of {}) | records/s |".format(args.repeat))
     print("|---|---:|---:|")
     for name, variant in variants.items():

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from feature_store.job_features import features_for_events
-from models.detectors import DetectorConfig, isolation_scores, make_detector, rows_for
-from pipelines import simulator
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.kafka_io import machine  # noqa: E402
+from feature_store.job_features import features_for_events  # noqa: E402
+from models.detectors import DetectorConfig, isolation_scores, make_detector, rows_for  # noqa: E402
+from pipelines import simulator  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +37,7 @@ def main() -> None:
     rows = rows_for(pd.DataFrame([r for job in jobs for r in features_for_events(job.events)]), "job")
     detector = make_detector(DetectorConfig("anomaly", seed=1)).fit(rows)
     forest = detector.model
-    print(f"{platform.processor() or platform.machine()}, Python {platform.python_version()}; "
-          f"{len(forest.estimators_)} trees, fitted on {len(rows):,} job rows")
+    print(f"machine: {machine()}; {len(forest.estimators_)} trees, fitted on {len(rows):,} job rows")
     print("| rows | score_samples ms | isolation_scores ms | identical |")
     print("|---:|---:|---:|---|")
     rng = np.random.default_rng(0)

@@ -231,10 +231,10 @@ def isolation_scores(forest: IsolationForest, X: np.ndarray) -> np.ndarray:
     """``-forest.score_samples(X)``, the same numbers, without scikit-learn handing each tree to
     joblib on its own: that costs about 0.05 ms a tree whatever the rows (16 ms a call for the
     champion's 300 trees, most of a real-time micro-batch's scoring), where a tree's own work on
-    a few rows is a few microseconds (``benchmarks/novelty_scoring.py``). The same steps in the same order as scikit-learn's (the trees
-    in turn, each one's path lengths added to the running depths); a forest without the
-    per-tree tables these steps read (another scikit-learn version) is scored by
-    ``score_samples``."""
+    a few rows is a few microseconds (``benchmarks/novelty_scoring.py``). The same steps in the
+    same order as scikit-learn's (the trees in turn, each one's path lengths added to the running
+    depths); a forest without the per-tree tables these steps read (another scikit-learn
+    version) is scored by ``score_samples``."""
     lengths = getattr(forest, "_decision_path_lengths", None)
     averages = getattr(forest, "_average_path_length_per_tree", None)
     if lengths is None or averages is None or _average_path_length is None:
