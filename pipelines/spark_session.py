@@ -92,7 +92,8 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # a micro-batch writes and renames a dozen small files (its offsets, its commit, each
         # partition's state changelog) through Hadoop's FileContext, and the checksummed one
         # doubled what each cost: a 2,000-job fleet's batch spent 42+86 ms on its offsets and
-        # commit and 86 ms on each changelog with it, 16+40 and 45 ms without (BENCHMARKS.md).
+        # commit and 86 ms on each changelog with it, 17-20+40-45 and 37-49 ms without
+        # (BENCHMARKS.md).
         # Renames stay atomic (the same call underneath). Only FileContext's: RocksDB's snapshot
         # upload needs Hadoop's FileSystem for file: to stay the checksummed LocalFileSystem (it
         # casts it). Other schemes (s3a:) are untouched; spark.extra_conf may set this back.

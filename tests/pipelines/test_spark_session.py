@@ -6,9 +6,9 @@ import json
 
 
 def test_a_local_checkpoint_is_written_without_checksum_files_and_resumes(spark, tmp_path):
-    # The session writes local files through Hadoop's raw file system (no .crc beside each, which
-    # made a micro-batch's offsets, commit and state changelogs twice as dear): a query's checkpoint
-    # must still hold what a restarted query resumes from.
+    # The session writes Spark's checkpoint files through Hadoop's raw local FileContext (no .crc
+    # beside each, which made a micro-batch's offsets, commit and state changelogs twice as dear):
+    # a query's checkpoint must still hold what a restarted query resumes from.
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     source.mkdir()
     seen: list[int] = []
