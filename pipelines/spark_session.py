@@ -93,10 +93,10 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # partition's state changelog) through Hadoop's FileContext, and the checksummed one
         # doubled what each cost: a 2,000-job fleet's batch spent 42+86 ms on its offsets and
         # commit and 86 ms on each changelog with it, 17-20+40-45 and 37-49 ms without
-        # (BENCHMARKS.md).
-        # Renames stay atomic (the same call underneath). Only FileContext's: RocksDB's snapshot
-        # upload needs Hadoop's FileSystem for file: to stay the checksummed LocalFileSystem (it
-        # casts it). Other schemes (s3a:) are untouched; spark.extra_conf may set this back.
+        # (BENCHMARKS.md). Renames stay atomic (the same call underneath). Only FileContext's:
+        # RocksDB's snapshot upload needs Hadoop's FileSystem for file: to stay the checksummed
+        # LocalFileSystem (it casts it). Other schemes (s3a:) are untouched; spark.extra_conf may
+        # set this back.
         .config("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.RawLocalFs")
         .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
         .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
