@@ -21,8 +21,8 @@ worker and follow their alias (:func:`~pipelines.detection.scoring.worker_champi
 A state key is a *bucket* of Flink jobs (``detection.state_buckets``, by a hash of the job), not
 one job: each key costs a handful of round trips to Spark's state server per micro-batch (0.2 to
 0.4 ms each, measured with two tasks at once), while its Flink jobs' states are written in one
-exchange (:func:`update_map_values`) and read, where this worker did not write them last, in the
-bucket's map. The buckets' keys are
+exchange (:func:`update_map_values`) and read, where this worker did not write them last, in
+another (:func:`get_map_values`). The buckets' keys are
 chosen so that each shuffle partition holds as many as the others (:func:`state_keys`). A
 bucket also keeps when each of its jobs is due to be forgotten and one timer at the earliest: a
 job silent for the idle timeout, once the watermark has passed that, is forgotten, keeping only
@@ -361,9 +361,10 @@ class DetectionProcessor(StatefulProcessor):
 
     def _jobs(self, names: list[str], dues: dict) -> dict[str, FlinkJobState]:
         """The states of the bucket's jobs ``names``, as :meth:`_job` gives them, those this worker
-        does not hold read from the store in one request for the bucket's map when they are a
-        quarter of it or more (a round trip each otherwise: 0.36 ms, measured; the Python
-        worker that runs a partition's task is not always the one that ran it last)."""
+        does not hold read from the store in one exchange (:func:`get_map_values`; the Python
+        worker that runs a partition's task is not always the one that ran it last: every other
+        micro-batch or so, measured). Reading the bucket's whole map instead, as before, carried
+        every state of the bucket where a real-time batch needs a third to a half of them."""
         found: dict[str, FlinkJobState] = {}
         missing = []
         for name in names:
@@ -372,16 +373,10 @@ class DetectionProcessor(StatefulProcessor):
                 missing.append(name)
             else:
                 found[name] = parsed
-        if len(missing) < max(2, len(dues["due"]) // 4):
-            found.update((name, self._stored(name)) for name in missing)
-            return found
-        wanted = set(missing)
-        for (name,), (value,) in self.jobs.iterator():
-            if name in wanted:
-                found[name] = FlinkJobState.from_bytes(value)
-                wanted.discard(name)
-        if wanted:
-            raise RuntimeError(f"state of jobs {sorted(wanted)} missing from their bucket's map")
+        for name, value in zip(missing, get_map_values(self.jobs, [(name,) for name in missing])):
+            if value is None:
+                raise RuntimeError(f"state of job {name} missing from its bucket's map")
+            found[name] = FlinkJobState.from_bytes(value[0])
         return found
 
     def _stored(self, name: str) -> FlinkJobState:
@@ -410,31 +405,59 @@ def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> No
     """``state.updateValue(key, value)`` for each of ``entries``, in order, in one exchange with
     Spark's state server: every request sent, then every answer read. One at a time, each waits
     out a round trip (0.2 ms measured, two tasks at once), and a task writes hundreds of job
-    states. The requests are PySpark 4.3's own (its map state client's message and
-    serialisation); where that client is not there to use, one ``updateValue`` each."""
-    client = getattr(state, "_mapStateClient", None)
-    api = getattr(client, "_stateful_processor_api_client", None)
-    if api is None or len(entries) < 2:
+    states."""
+    answers = _map_state_exchange(state, [{"updateValue": (key, value)} for key, value in entries])
+    if answers is None:
         for key, value in entries:
             state.updateValue(key, value)
         return
+    errors = [error for status, error, _ in answers if status != 0]
+    if errors:
+        raise RuntimeError(f"the state store refused {len(errors)} of {len(entries)} job states: {errors[0]}")
+
+
+def get_map_values(state: MapState, keys: list[tuple]) -> list[tuple | None]:
+    """``state.getValue(key)`` for each of ``keys`` (None where the map has no such key), in one
+    exchange with Spark's state server, as :func:`update_map_values` writes them."""
+    answers = _map_state_exchange(state, [{"getValue": (key,)} for key in keys])
+    if answers is None:
+        return [state.getValue(key) for key in keys]
+    errors = [error for status, error, _ in answers if status != 0]
+    if errors:
+        raise RuntimeError(f"the state store failed {len(errors)} of {len(keys)} job state reads: {errors[0]}")
+    api = state._mapStateClient._stateful_processor_api_client
+    return [tuple(api._deserialize_from_bytes(value)) if value else None for _, _, value in answers]
+
+
+def _map_state_exchange(state: MapState, calls: list[dict[str, tuple]]) -> list[tuple[int, str, bytes]] | None:
+    """Send the map state ``calls`` (``{"updateValue": (key, value)}`` or ``{"getValue": (key,)}``)
+    to Spark's state server together, then read every answer, failed or not, so that the next
+    request meets its own: (status, error message, value) each. The requests are PySpark 4.3's own
+    (its map state client's messages and serialisation); None where that client is not there to
+    use, or for fewer than two calls (the caller makes them one by one)."""
+    client = getattr(state, "_mapStateClient", None)
+    api = getattr(client, "_stateful_processor_api_client", None)
+    if api is None or len(calls) < 2:
+        return None
     import pyspark.sql.streaming.proto.StateMessage_pb2 as messages
     from pyspark.serializers import write_int
 
     out = api.sockfile
-    for key, value in entries:
-        update = messages.UpdateValue(userKey=api._serialize_to_bytes(client.user_key_schema, key),
-                                      value=api._serialize_to_bytes(client.value_schema, value))
-        request = messages.StateRequest(stateVariableRequest=messages.StateVariableRequest(
-            mapStateCall=messages.MapStateCall(stateName=state._stateName, updateValue=update))).SerializeToString()
+    for call in calls:
+        ((kind, arguments),) = call.items()
+        user_key = api._serialize_to_bytes(client.user_key_schema, arguments[0])
+        if kind == "updateValue":
+            request = messages.MapStateCall(stateName=state._stateName, updateValue=messages.UpdateValue(
+                userKey=user_key, value=api._serialize_to_bytes(client.value_schema, arguments[1])))
+        else:
+            request = messages.MapStateCall(stateName=state._stateName, getValue=messages.GetValue(userKey=user_key))
+        message = messages.StateRequest(stateVariableRequest=messages.StateVariableRequest(
+            mapStateCall=request)).SerializeToString()
         write_int(0, out)  # the message version, as PySpark's client writes it
-        write_int(len(request), out)
-        out.write(request)
+        write_int(len(message), out)
+        out.write(message)
     out.flush()
-    # Every answer read, failed or not, so that the next request meets its own.
-    errors = [error for status, error, _ in (api._receive_proto_message() for _ in entries) if status != 0]
-    if errors:
-        raise RuntimeError(f"the state store refused {len(errors)} of {len(entries)} job states: {errors[0]}")
+    return [api._receive_proto_message() for _ in calls]
 
 
 # Between tasks, what the worker holds (the parsed states of its jobs: half a million objects for

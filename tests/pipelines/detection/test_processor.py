@@ -267,3 +267,42 @@ def test_between_tasks_a_worker_freezes_what_it_holds_and_collects_in_full_now_a
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_job_states_written_and_read_back_in_one_exchange_with_the_state_server(spark):
+    """update_map_values and get_map_values send all their requests before reading the answers:
+    each answer must still be its own request's (in order, a job never written read as None, a
+    single key through PySpark's own call), in a real transformWithState on the RocksDB store."""
+    from pyspark.sql import Row
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+
+    from pipelines.detection.processor import JOB_KEY_SCHEMA, STATE_SCHEMA, get_map_values, update_map_values
+
+    class WriteThenRead(StatefulProcessor):
+        def init(self, handle) -> None:
+            self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
+
+        def handleInputRows(self, key, rows, timerValues):
+            size = sum(1 for _ in rows) + 2
+            names = [(f"c/{key[0]}-{i}",) for i in range(size)]
+            update_map_values(self.jobs, [(name, (bytes([i]) * (5_000 + i),)) for i, name in enumerate(names)])
+            update_map_values(self.jobs, [(names[1], (b"rewritten",))])  # one: PySpark's own call
+            wanted = [names[-1], ("c/never",), *names[:-1]]
+            for position, value in enumerate(get_map_values(self.jobs, wanted) + get_map_values(self.jobs, [names[1]])):
+                yield Row(key=key[0], position=position, value=None if value is None else value[0])
+
+        def close(self) -> None:
+            pass
+
+    schema = StructType([StructField("key", IntegerType()), StructField("position", IntegerType()),
+                         StructField("value", BinaryType())])
+    frame = spark.createDataFrame([(k % 5,) for k in range(20)], "key int")
+    read = frame.groupBy("key").transformWithState(WriteThenRead(), schema, "Append", "None").collect()
+    size = 4 + 2  # four rows a key
+    expected_values = [bytes([size - 1]) * (5_000 + size - 1), None, bytes([0]) * 5_000, b"rewritten",
+                       *[bytes([i]) * (5_000 + i) for i in range(2, size - 1)], b"rewritten"]
+    assert len(read) == 5 * len(expected_values)
+    for key in range(5):
+        got = [r.value for r in sorted((r for r in read if r.key == key), key=lambda r: r.position)]
+        assert got == expected_values, key
