@@ -4,9 +4,10 @@ in one Arrow batch, turned into what each flavour's Python worker gives the proc
 PySpark 4.3's ``worker.py`` does it, and read the way the processor reads it.
 
 * Row flavour (``transformWithState``): a ``Row`` per record from one Arrow scalar per column,
-  then the processor's access by name; and the same with the six columns ``detect`` hands over
-  since 2026-11-26 (no event time, the record's place in Kafka in one string), read by position
-  into the processor's records;
+  then the processor's access by name; the same with the six columns ``detect`` handed over
+  from 2026-11-26 (no event time, the record's place in Kafka in one string), read by position;
+  and with the two it hands over since (the bucket and the record packed into one binary value,
+  ``pipelines.detection.processor.packed_record``), unpacked into the processor's records;
 * pandas flavour (``transformWithStateInPandas``): the batch to pandas, its rows regrouped by key
   into DataFrames, then the processor's column-at-a-time read.
 
@@ -24,7 +25,8 @@ import pandas as pd
 import pyarrow as pa
 from pyspark.sql import Row
 
-from pipelines.detection.processor import source_record
+from pipelines.detection.flink_job import Record
+from pipelines.detection.processor import unpacked_record
 
 FIELDS = ("cluster", "job_id", "value", "key", "topic", "partition", "offset", "kafka_timestamp_ms")
 
@@ -47,14 +49,43 @@ def input_batch(records: int, buckets: int) -> pa.RecordBatch:
     })
 
 
-def packed_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The same records as ``detect`` hands them over since 2026-11-26: no event time, the
+def six_column_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The same records as ``detect`` handed them over from 2026-11-26: no event time, the
     record's place in Kafka as one ``partition:offset:timestamp:topic`` string."""
     source = [f"{p}:{o}:{t}:{topic}" for p, o, t, topic in zip(*(batch.column(c).to_pylist() for c in (
         "partition", "offset", "kafka_timestamp_ms", "topic")))]
     return pa.RecordBatch.from_arrays([batch.column(c) for c in ("bucket", "cluster", "job_id", "key", "value")]
                                       + [pa.array(source)], names=["bucket", "cluster", "job_id", "key", "value",
                                                                    "source"])
+
+
+def row_flavour_six_columns(batch: pa.RecordBatch) -> int:
+    data_row = Row(*batch.schema.names)
+    read = 0
+
+    def rows():
+        for i in range(batch.num_rows):
+            yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
+
+    for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
+        for _, cluster, job_id, key, value, source in (r for _, r in group):  # as the processor read them
+            partition, offset, timestamp, topic = source.split(":", 3)
+            record = Record(value, key, topic, int(partition), int(offset), int(timestamp) if timestamp else None)
+            read += record.offset is not None
+    return read
+
+
+def packed_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The same records as ``detect`` hands them over now: the bucket and ``packed_record``'s
+    binary value (written here as Spark's expression writes it; the job's tests check that)."""
+    packed = []
+    for p, o, t, topic, *fields in zip(*(batch.column(c).to_pylist() for c in (
+            "partition", "offset", "kafka_timestamp_ms", "topic", "cluster", "job_id", "key", "value"))):
+        raw = [f.encode() if isinstance(f, str) else f for f in fields]
+        header = ":".join([str(p), str(o), "" if t is None else str(t), *(str(len(f)) for f in raw), topic])
+        packed.append(header.encode() + b"\n" + b"".join(raw))
+    return pa.RecordBatch.from_arrays([batch.column("bucket"), pa.array(packed, pa.binary())],
+                                      names=["bucket", "record"])
 
 
 def row_flavour_packed(batch: pa.RecordBatch) -> int:
@@ -66,8 +97,8 @@ def row_flavour_packed(batch: pa.RecordBatch) -> int:
             yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
 
     for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
-        for _, cluster, job_id, key, value, source in (r for _, r in group):  # as the processor reads them
-            read += source_record(key, value, source).offset is not None
+        for _, packed in (r for _, r in group):  # as the processor reads them
+            read += unpacked_record(packed)[2].offset is not None
     return read
 
 
@@ -109,8 +140,9 @@ def main() -> None:
     print("| flavour | records | us per record (best of 3) |\n|---|---:|---:|")
     for name, read, given in (
             ("Row (transformWithState), ten columns by name", row_flavour, batch),
-            ("Row, six columns (no event time, one source string) by position", row_flavour_packed,
-             packed_batch(batch)),
+            ("Row, six columns (no event time, one source string) by position", row_flavour_six_columns,
+             six_column_batch(batch)),
+            ("Row, two columns (the bucket, the packed record)", row_flavour_packed, packed_batch(batch)),
             ("pandas (transformWithStateInPandas), ten columns", pandas_flavour, batch)):
         best = float("inf")
         for _ in range(3):

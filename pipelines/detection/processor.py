@@ -51,7 +51,7 @@ from typing import Iterator
 
 import orjson
 import pyarrow as pa
-from pyspark.sql import DataFrame, Row
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.stateful_processor import MapState, StatefulProcessor, StatefulProcessorHandle
@@ -131,26 +131,50 @@ def detect(records: DataFrame, config, state_partitions: int) -> DataFrame:
     buckets = config.detection.state_buckets
     bucket = F.pmod(F.xxhash64("cluster", "job_id"), F.lit(buckets)) + 1
     keys = F.array(*[F.lit(k) for k in state_keys(buckets, state_partitions)])
-    # Only the columns the processor reads: its Python worker builds a record's Row from one
-    # Arrow scalar per column, 2-5 us each, so the event time (which only the watermark needs)
-    # stays behind and the record's place in Kafka travels as one string (benchmarks/
-    # stateful_input.py: 23.5 -> 12.1 us a record). Without the event time Spark drops nothing
-    # behind the watermark before the processor, which counts such events late itself.
-    source = F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"),
-                         F.coalesce(F.col("kafka_timestamp_ms").cast("string"), F.lit("")), "topic")
     return (keyed.withWatermark("event_time", config.features.watermark_delay)
-            .select(F.element_at(keys, bucket.cast("int")).alias("bucket"), "cluster", "job_id", "key", "value",
-                    source.alias("source"))
+            .select(F.element_at(keys, bucket.cast("int")).alias("bucket"), packed_record().alias("record"))
             .groupBy("bucket")
             .transformWithState(statefulProcessor=DetectionProcessor(config), outputStructType=OUTPUT_SCHEMA,
                                 outputMode="Append", timeMode="EventTime"))
 
 
-def source_record(key: bytes | None, value: bytes | None, source: str) -> Record:
-    """A record as the processor gets it: its place in Kafka as ``partition:offset:timestamp:topic``
-    (the timestamp empty when Kafka gave none; a topic name has no ``:``)."""
-    partition, offset, timestamp, topic = source.split(":", 3)
-    return Record(value, key, topic, int(partition), int(offset), int(timestamp) if timestamp else None)
+def packed_record() -> Column:
+    """What the processor reads of a :func:`detection_input` record, as one binary value: its
+    Python worker builds a record's Row from one Arrow scalar per column, 2-5 us each, so the
+    event time (which only the watermark needs) stays behind and the rest travels packed
+    (``benchmarks/stateful_input.py``, one core: 23.2 us a record as ten columns, 11.9 as
+    six, 9.3 as two). Without the event time Spark drops nothing behind the watermark before the processor,
+    which counts such events late itself. The layout (:func:`unpacked_record` reads it): a header
+    ``partition:offset:timestamp:n_cluster:n_job_id:n_key:n_value:topic`` and a newline, then the
+    cluster, job id, key and value; each ``n_`` their length in bytes, -1 for null; the timestamp
+    empty when Kafka gave none (a topic name has neither ``:`` nor a newline)."""
+    def length(name: str) -> Column:
+        return F.coalesce(F.octet_length(name).cast("string"), F.lit("-1"))
+
+    header = F.concat_ws(":", F.col("partition").cast("string"), F.col("offset").cast("string"),
+                         F.coalesce(F.col("kafka_timestamp_ms").cast("string"), F.lit("")),
+                         *(length(name) for name in PACKED_FIELDS), "topic")
+    return F.concat(F.concat(header, F.lit("\n")).cast("binary"),
+                    *(F.coalesce(F.col(name).cast("binary"), F.lit(bytearray())) for name in PACKED_FIELDS))
+
+
+PACKED_FIELDS = ("cluster", "job_id", "key", "value")
+
+
+def unpacked_record(packed: bytes) -> tuple[str | None, str | None, Record]:
+    """(cluster, job id, record) of a :func:`packed_record`. A cluster or job id that is not
+    UTF-8 (from a record key) is read with replacement characters, the same way every time."""
+    end = packed.index(b"\n")
+    partition, offset, timestamp, *lengths, topic = packed[:end].decode().split(":", 7)
+    fields: list[bytes | None] = []
+    at = end + 1
+    for length in map(int, lengths):
+        fields.append(None if length < 0 else packed[at:at + length])
+        at += max(length, 0)
+    cluster, job_id, key, value = fields
+    return (None if cluster is None else cluster.decode("utf-8", "replace"),
+            None if job_id is None else job_id.decode("utf-8", "replace"),
+            Record(value, key, topic, int(partition), int(offset), int(timestamp) if timestamp else None))
 
 
 def state_keys(buckets: int, partitions: int) -> list[int]:
@@ -267,8 +291,9 @@ class DetectionProcessor(StatefulProcessor):
         # behind, see detect()): the jobs' reading counts them late.
         watermark = timerValues.getCurrentWatermarkInMs()  # 0 or less before the input has one
         by_job: dict[tuple, list[Record]] = {}
-        for _, cluster, job_id, record_key, value, source in rows:  # detect()'s columns, in its order
-            by_job.setdefault((cluster, job_id), []).append(source_record(record_key, value, source))
+        for _, packed in rows:  # detect()'s columns: the bucket and the packed record
+            cluster, job_id, record = unpacked_record(packed)
+            by_job.setdefault((cluster, job_id), []).append(record)
         dues = self._dues()
         pending = self.pending.setdefault(bucket, {})
         stored = self._jobs([name for name in (job_key(c, j) for c, j in by_job if c is not None and j is not None)

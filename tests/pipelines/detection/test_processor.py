@@ -303,6 +303,34 @@ def test_job_states_written_and_read_back_in_one_exchange_with_the_state_server(
     expected_values = [bytes([size - 1]) * (5_000 + size - 1), None, bytes([0]) * 5_000, b"rewritten",
                        *[bytes([i]) * (5_000 + i) for i in range(2, size - 1)], b"rewritten"]
     assert len(read) == 5 * len(expected_values)
-    for key in range(5):
-        got = [r.value for r in sorted((r for r in read if r.key == key), key=lambda r: r.position)]
-        assert got == expected_values, key
+    for bucket in range(5):
+        got = [r.value for r in sorted((r for r in read if r.key == bucket), key=lambda r: r.position)]
+        assert got == expected_values, bucket
+
+
+def test_a_record_reaches_the_processor_packed_and_unpacks_to_what_was_read(spark):
+    """packed_record (Spark) and unpacked_record (the processor) agree on every field, with the
+    nulls, separators and bytes that Kafka and a producer can put there."""
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
+
+    from pipelines.detection.processor import packed_record, unpacked_record
+
+    schema = StructType([StructField("cluster", StringType()), StructField("job_id", StringType()),
+                         StructField("key", BinaryType()), StructField("value", BinaryType()),
+                         StructField("topic", StringType()), StructField("partition", IntegerType()),
+                         StructField("offset", LongType()), StructField("kafka_timestamp_ms", LongType())])
+    records = [
+        ("prod-eu", "0123456789abcdef0123456789abcdef", b"prod-eu/0123456789abcdef0123456789abcdef", b'{"ts":1}',
+         "flink.metrics", 2, 17, 1_700_000_000_000),
+        ("a:b\ncé", "x:y", b"\x00\xff:\n", b"", "t.1", 0, 0, None),  # separators inside, an empty value
+        (None, None, None, None, "t-2", 11, 2**40, -5),  # nothing read: no key, a tombstone
+        ("c", "", b"", b"\n\n:" * 1000, "t", 1, 3, 0),
+    ]
+    packed = spark.createDataFrame(records, schema).select(packed_record().alias("record")).collect()
+    for (cluster, job_id, record_key, value, topic, partition, offset, timestamp), row in zip(records, packed):
+        got_cluster, got_job_id, record = unpacked_record(bytes(row.record))
+        assert (got_cluster, got_job_id) == (cluster, job_id)
+        assert (record.key, record.value, record.topic, record.partition, record.offset,
+                record.kafka_timestamp_ms) == (record_key, value, topic, partition, offset, timestamp)
+    # A cluster name that is not UTF-8 (a record key's bytes) is read the same way every time.
+    assert unpacked_record(b"0:1::2:1:0:-1:t\n\xffzq")[:2] == ("\ufffdz", "q")
