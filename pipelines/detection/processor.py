@@ -142,12 +142,12 @@ def packed_record() -> Column:
     """What the processor reads of a :func:`detection_input` record, as one binary value: its
     Python worker builds a record's Row from one Arrow scalar per column, 2-5 us each, so the
     event time (which only the watermark needs) stays behind and the rest travels packed
-    (``benchmarks/stateful_input.py``, one core: 23.2 us a record as ten columns, 11.9 as
-    six, 9.3 as two). Without the event time Spark drops nothing behind the watermark before the processor,
-    which counts such events late itself. The layout (:func:`unpacked_record` reads it): a header
-    ``partition:offset:timestamp:n_cluster:n_job_id:n_key:n_value:topic`` and a newline, then the
-    cluster, job id, key and value; each ``n_`` their length in bytes, -1 for null; the timestamp
-    empty when Kafka gave none (a topic name has neither ``:`` nor a newline)."""
+    (``benchmarks/stateful_input.py``, one core: 23.2 us a record as ten columns, 11.9 as six,
+    9.3 as two). Without the event time Spark drops nothing behind the watermark before the
+    processor, which counts such events late itself. The layout (:func:`unpacked_record` reads
+    it): a header ``partition:offset:timestamp:n_cluster:n_job_id:n_key:n_value:topic`` and a
+    newline, then the cluster, job id, key and value; each ``n_`` their length in bytes, -1 for
+    null; the timestamp empty when Kafka gave none (a topic name has neither ``:`` nor a newline)."""
     def length(name: str) -> Column:
         return F.coalesce(F.octet_length(name).cast("string"), F.lit("-1"))
 
@@ -431,7 +431,7 @@ def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> No
     Spark's state server: every request sent, then every answer read. One at a time, each waits
     out a round trip (0.2 ms measured, two tasks at once), and a task writes hundreds of job
     states."""
-    answers = _map_state_exchange(state, [{"updateValue": (key, value)} for key, value in entries])
+    answers = _map_state_exchange(state, [("updateValue", key, value) for key, value in entries])
     if answers is None:
         for key, value in entries:
             state.updateValue(key, value)
@@ -444,7 +444,7 @@ def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> No
 def get_map_values(state: MapState, keys: list[tuple]) -> list[tuple | None]:
     """``state.getValue(key)`` for each of ``keys`` (None where the map has no such key), in one
     exchange with Spark's state server, as :func:`update_map_values` writes them."""
-    answers = _map_state_exchange(state, [{"getValue": (key,)} for key in keys])
+    answers = _map_state_exchange(state, [("getValue", key, None) for key in keys])
     if answers is None:
         return [state.getValue(key) for key in keys]
     errors = [error for status, error, _ in answers if status != 0]
@@ -454,8 +454,9 @@ def get_map_values(state: MapState, keys: list[tuple]) -> list[tuple | None]:
     return [tuple(api._deserialize_from_bytes(value)) if value else None for _, _, value in answers]
 
 
-def _map_state_exchange(state: MapState, calls: list[dict[str, tuple]]) -> list[tuple[int, str, bytes]] | None:
-    """Send the map state ``calls`` (``{"updateValue": (key, value)}`` or ``{"getValue": (key,)}``)
+def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | None]]
+                        ) -> list[tuple[int, str, bytes]] | None:
+    """Send the map state ``calls`` (``("updateValue", key, value)`` or ``("getValue", key, None)``)
     to Spark's state server together, then read every answer, failed or not, so that the next
     request meets its own: (status, error message, value) each. The requests are PySpark 4.3's own
     (its map state client's messages and serialisation); None where that client is not there to
@@ -468,12 +469,11 @@ def _map_state_exchange(state: MapState, calls: list[dict[str, tuple]]) -> list[
     from pyspark.serializers import write_int
 
     out = api.sockfile
-    for call in calls:
-        ((kind, arguments),) = call.items()
-        user_key = api._serialize_to_bytes(client.user_key_schema, arguments[0])
+    for kind, key, value in calls:
+        user_key = api._serialize_to_bytes(client.user_key_schema, key)
         if kind == "updateValue":
             request = messages.MapStateCall(stateName=state._stateName, updateValue=messages.UpdateValue(
-                userKey=user_key, value=api._serialize_to_bytes(client.value_schema, arguments[1])))
+                userKey=user_key, value=api._serialize_to_bytes(client.value_schema, value)))
         else:
             request = messages.MapStateCall(stateName=state._stateName, getValue=messages.GetValue(userKey=user_key))
         message = messages.StateRequest(stateVariableRequest=messages.StateVariableRequest(
