@@ -59,16 +59,32 @@ def six_column_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
                                                                    "source"])
 
 
-def row_flavour_six_columns(batch: pa.RecordBatch) -> int:
+def row_groups(batch: pa.RecordBatch):
+    """Each state key's records as ``Row`` objects, one Arrow scalar per column, regrouped by key:
+    as PySpark 4.3's worker does for transformWithState."""
     data_row = Row(*batch.schema.names)
-    read = 0
 
     def rows():
         for i in range(batch.num_rows):
             yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
 
     for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
-        for _, cluster, job_id, key, value, source in (r for _, r in group):  # as the processor read them
+        yield (r for _, r in group)
+
+
+def row_flavour(batch: pa.RecordBatch) -> int:
+    read = 0
+    for group in row_groups(batch):
+        for r in group:
+            fields = tuple(r[name] for name in FIELDS)  # the processor's access by name
+            read += fields[6] is not None
+    return read
+
+
+def row_flavour_six_columns(batch: pa.RecordBatch) -> int:
+    read = 0
+    for group in row_groups(batch):
+        for _, cluster, job_id, key, value, source in group:  # as the processor read them
             partition, offset, timestamp, topic = source.split(":", 3)
             record = Record(value, key, topic, int(partition), int(offset), int(timestamp) if timestamp else None)
             read += record.offset is not None
@@ -89,31 +105,10 @@ def packed_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def row_flavour_packed(batch: pa.RecordBatch) -> int:
-    data_row = Row(*batch.schema.names)
     read = 0
-
-    def rows():
-        for i in range(batch.num_rows):
-            yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
-
-    for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
-        for _, packed in (r for _, r in group):  # as the processor reads them
+    for group in row_groups(batch):
+        for _, packed in group:  # as the processor reads them
             read += unpacked_record(packed)[2].offset is not None
-    return read
-
-
-def row_flavour(batch: pa.RecordBatch) -> int:
-    data_row = Row(*batch.schema.names)
-    read = 0
-
-    def rows():
-        for i in range(batch.num_rows):  # as PySpark 4.3's worker does for transformWithState
-            yield (batch[0][i].as_py(),), data_row(*(batch.column(c)[i].as_py() for c in range(batch.num_columns)))
-
-    for _, group in itertools.groupby(rows(), key=lambda kv: kv[0]):
-        for _, r in group:
-            fields = tuple(r[name] for name in FIELDS)  # the processor's access by name
-            read += fields[6] is not None
     return read
 
 
