@@ -358,16 +358,16 @@ class DetectionProcessor(StatefulProcessor):
         """Forget the bucket's jobs silent for the idle timeout as far as the watermark knows
         (keeping only an incident still open), and keep one timer at the next job due."""
         writes: list[tuple[tuple, tuple]] = []
-        for name, due in list(dues["due"].items()):
-            if due is not None and watermark >= due:
-                kept = self._job(name, dues).forgotten()
-                if kept is None:
-                    self.jobs.removeKey((name,))
-                    del dues["due"][name]
-                    dues["version"].pop(name, None)
-                else:
-                    self._write(name, kept, dues, writes)
-                    dues["due"][name] = None  # kept for its open incident, until the job reports again
+        due_now = [name for name, due in dues["due"].items() if due is not None and watermark >= due]
+        for name, job in self._jobs(due_now, dues).items():
+            kept = job.forgotten()
+            if kept is None:
+                self.jobs.removeKey((name,))
+                del dues["due"][name]
+                dues["version"].pop(name, None)
+            else:
+                self._write(name, kept, dues, writes)
+                dues["due"][name] = None  # kept for its open incident, until the job reports again
         update_map_values(self.jobs, writes)
         if dues["timer"] is not None and dues["timer"] <= watermark:
             dues["timer"] = None  # expires in this batch: counted as fired
@@ -385,8 +385,9 @@ class DetectionProcessor(StatefulProcessor):
         return {"due": {}, "version": {}, "timer": None} if stored is None else orjson.loads(stored[0])
 
     def _jobs(self, names: list[str], dues: dict) -> dict[str, FlinkJobState]:
-        """The states of the bucket's jobs ``names``, as :meth:`_job` gives them, those this worker
-        does not hold read from the store in one exchange (:func:`get_map_values`; the Python
+        """The states of the bucket's jobs ``names``: each as this worker wrote it last, if the store
+        still holds that version (no other worker wrote it since, no failed batch rolled it back),
+        else read from the store, all those in one exchange (:func:`get_map_values`; the Python
         worker that runs a partition's task is not always the one that ran it last: every other
         micro-batch or so, measured). Reading the bucket's whole map instead, as before, carried
         every state of the bucket where a real-time batch needs a third to a half of them."""
@@ -403,15 +404,6 @@ class DetectionProcessor(StatefulProcessor):
                 raise RuntimeError(f"state of job {name} missing from its bucket's map")
             found[name] = FlinkJobState.from_bytes(value[0])
         return found
-
-    def _stored(self, name: str) -> FlinkJobState:
-        return FlinkJobState.from_bytes(self.jobs.getValue((name,))[0])
-
-    def _job(self, name: str, dues: dict) -> FlinkJobState:
-        """The job's state: as this worker wrote it last, if the store still holds that version
-        (no other worker wrote it since, no failed batch rolled it back), else from the store."""
-        parsed = _PARSED.take(name, dues["version"].get(name))
-        return parsed if parsed is not None else self._stored(name)
 
     def _write(self, name: str, job: FlinkJobState, dues: dict, writes: list[tuple[tuple, tuple]]) -> None:
         """Add the job's state to ``writes`` (for :func:`update_map_values`), with a new version."""
