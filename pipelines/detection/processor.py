@@ -265,12 +265,11 @@ class DetectionProcessor(StatefulProcessor):
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        # No cyclic garbage collection while the task runs (close() turns it back on, see
-        # _collect_between_tasks): a task holds the parsed states of thousands of jobs, which
+        # No cyclic garbage collection while the task runs (it comes back between tasks, see
+        # _CollectorBetweenTasks): a task holds the parsed states of thousands of jobs, which
         # every collection walks, and the states (JSON trees) form no cycles: measured, a state's
         # parse took 1.3 ms with 1,000 others held, 0.3 ms without collections.
-        self.collecting = gc.isenabled()
-        gc.disable()
+        _COLLECTOR.task_started()
         self.handle = handle
         self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
         self.dues = handle.getValueState("dues", STATE_SCHEMA)
@@ -413,9 +412,7 @@ class DetectionProcessor(StatefulProcessor):
         _PARSED.keep(name, version, job, self.config.detection.state_cache_jobs)
 
     def close(self) -> None:
-        if self.collecting:
-            _collect_between_tasks()
-            gc.enable()
+        _COLLECTOR.task_ended()
 
 
 def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> None:
@@ -478,34 +475,65 @@ def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | N
 
 
 # Between tasks, what the worker holds (the parsed states of its jobs: half a million objects for
-# 1,000 jobs) is left out of the automatic collections, which would otherwise walk it after every
-# task (80 ms for the youngest generation, 270 ms for a full collection, measured), and
-# everything, frozen or not, is collected in full once in a while, so that no cyclic garbage a
-# task left is kept longer than that. The full collection runs on a thread of its own a moment
-# after the task ended, while the worker waits for its next task (its main thread blocked on the
-# socket, without the GIL), not inside the task, whose micro-batch it made longer.
-FULL_COLLECTION_EVERY_S = 300.0
-FULL_COLLECTION_AFTER_S = 0.2
-_last_full_collection = time.monotonic()
+# 1,000 jobs) is left out of the cyclic garbage collector, which would otherwise walk it after
+# every task (80 ms for the youngest generation, 270 ms for a full collection, measured): a moment
+# after a task ended, on a thread of its own while the worker waits for its next task (its main
+# thread blocked on the socket, without the GIL), the objects made since the last freeze, which
+# hold whatever cyclic garbage the tasks left, are collected, what survives is frozen, and only
+# then are automatic collections turned back on. Frozen objects are never walked again: a full
+# collection of them took 1.5 s in both workers at once in a 2,000-job fleet, longer than the gap
+# before the next task, which it held back past its trigger. What that gave up, measured there: a
+# full collection every 2 minutes found 20 to 40 objects of cyclic garbage among them, 422
+# collections of what tasks made found none (BENCHMARKS.md).
+COLLECTION_AFTER_S = 0.2
+COLLECTION_AT_LEAST_EVERY_S = 60.0
 
 
-def _collect_between_tasks() -> threading.Thread | None:
-    """Freeze what the worker holds; start the full collection when it is due (returned, started)."""
-    global _last_full_collection
-    gc.freeze()
-    if time.monotonic() - _last_full_collection < FULL_COLLECTION_EVERY_S:
-        return None
-    _last_full_collection = time.monotonic()
-    collection = threading.Timer(FULL_COLLECTION_AFTER_S, _collect_in_full)
-    collection.daemon = True
-    collection.start()
-    return collection
+class _CollectorBetweenTasks:
+    """The cyclic garbage collector of a Python worker that runs detection tasks: off while a task
+    runs, the task's objects collected and frozen between tasks (above)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # a task does not start while its worker collects
+        self.tasks = 0
+        self.enabled_before: bool | None = None  # before the first task since the last collection
+        self.collected_at = time.monotonic()
+
+    def task_started(self) -> None:
+        with self.lock:
+            if self.enabled_before is None:
+                self.enabled_before = gc.isenabled()
+            gc.disable()
+            self.tasks += 1
+
+    def task_ended(self) -> threading.Timer | None:
+        """Collect a moment from now, on a thread (returned, started), unless a task runs then;
+        now, in the task, if every collection since the last was skipped that way for a while
+        (tasks back to back), so that cyclic garbage does not pile up."""
+        with self.lock:
+            self.tasks -= 1
+            overdue = time.monotonic() - self.collected_at > COLLECTION_AT_LEAST_EVERY_S
+        if overdue:
+            self.collect()
+            return None
+        collection = threading.Timer(COLLECTION_AFTER_S, self.collect)
+        collection.daemon = True
+        collection.start()
+        return collection
+
+    def collect(self) -> None:
+        with self.lock:
+            if self.tasks or self.enabled_before is None:
+                return  # a task runs (its end collects what both made), or another collection ran
+            if self.enabled_before:
+                gc.collect()
+                gc.freeze()
+                gc.enable()
+            self.enabled_before = None
+            self.collected_at = time.monotonic()
 
 
-def _collect_in_full() -> None:
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
+_COLLECTOR = _CollectorBetweenTasks()
 
 
 class _ParsedStates:

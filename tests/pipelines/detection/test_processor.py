@@ -237,33 +237,43 @@ def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_sta
     assert not spark.streams.active
 
 
-def test_between_tasks_a_worker_freezes_what_it_holds_and_collects_in_full_now_and_then(monkeypatch):
+def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_survives():
     import gc
-    import time
     import weakref
 
     from pipelines.detection import processor
+    from pipelines.detection.processor import _CollectorBetweenTasks
 
     class Node:
         pass
 
-    gc.disable()
-    try:
+    def made_in_a_task():
+        held = Node()  # kept, as a parsed job state is
         garbage = Node()
         garbage.itself = garbage  # a cycle: only the cyclic collector frees it
-        freed = weakref.ref(garbage)
-        del garbage
-        monkeypatch.setattr(processor, "_last_full_collection", time.monotonic())
-        assert processor._collect_between_tasks() is None
-        assert gc.get_freeze_count() > 0 and freed() is not None  # left out of collections, for now
-        monkeypatch.setattr(processor, "_last_full_collection",
-                            time.monotonic() - processor.FULL_COLLECTION_EVERY_S)
-        collection = processor._collect_between_tasks()  # on a thread, a moment after the task
-        assert collection is not None
+        return held, weakref.ref(garbage)
+
+    def frozen(thing) -> bool:
+        return not any(o is thing for o in gc.get_objects())  # in no generation: in the permanent one
+
+    collector = _CollectorBetweenTasks()
+    assert gc.isenabled()
+    try:
+        collector.task_started()
+        assert not gc.isenabled()  # no collections while a task runs
+        held, freed = made_in_a_task()
+        collection = collector.task_ended()  # on a thread, a moment after the task
+        collector.task_started()  # the next task came first: nothing collected under it
         collection.join(timeout=30)
-        assert freed() is None  # the full collection came round
-        assert gc.get_freeze_count() > 0  # and what is left is frozen again
-        assert processor._collect_between_tasks() is None  # not due again for a while
+        assert freed() is not None and not frozen(held) and not gc.isenabled()
+        collector.task_ended().join(timeout=30)  # this task's end: both tasks' objects
+        assert freed() is None  # the cycle was collected
+        assert frozen(held)  # what survived is left out of collections from now on
+        assert gc.isenabled()  # and automatic collections are back, for what comes next
+        collector.collected_at -= processor.COLLECTION_AT_LEAST_EVERY_S  # tasks back to back since
+        collector.task_started()
+        _, freed = made_in_a_task()
+        assert collector.task_ended() is None and freed() is None  # collected at once, in the task
     finally:
         gc.unfreeze()
         gc.enable()
