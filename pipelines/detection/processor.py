@@ -482,9 +482,10 @@ def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | N
 # hold whatever cyclic garbage the tasks left, are collected, what survives is frozen, and only
 # then are automatic collections turned back on. Frozen objects are never walked again: a full
 # collection of them took 1.5 s in both workers at once in a 2,000-job fleet, longer than the gap
-# before the next task, which it held back past its trigger. What that gave up, measured there: a
-# full collection every 2 minutes found 20 to 40 objects of cyclic garbage among them, 422
-# collections of what tasks made found none (BENCHMARKS.md).
+# before the next task, which it held back past its trigger. What that gives up, measured there:
+# a full collection every 90-120 s found 2 to 8 cycles of 5 objects among them (importlib_metadata's
+# entry point dictionaries, dropped from a cache after they were frozen), and 422 collections of
+# what tasks made found none (BENCHMARKS.md).
 COLLECTION_AFTER_S = 0.2
 COLLECTION_AT_LEAST_EVERY_S = 60.0
 

@@ -237,7 +237,7 @@ def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_sta
     assert not spark.streams.active
 
 
-def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_survives():
+def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_survives(monkeypatch):
     import gc
     import weakref
 
@@ -262,9 +262,11 @@ def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_s
         collector.task_started()
         assert not gc.isenabled()  # no collections while a task runs
         held, freed = made_in_a_task()
+        monkeypatch.setattr(processor, "COLLECTION_AFTER_S", 3.0)  # "a moment", even on a loaded machine
         collection = collector.task_ended()  # on a thread, a moment after the task
         collector.task_started()  # the next task came first: nothing collected under it
         collection.join(timeout=30)
+        monkeypatch.undo()
         assert freed() is not None and not frozen(held) and not gc.isenabled()
         collector.task_ended().join(timeout=30)  # this task's end: both tasks' objects
         assert freed() is None  # the cycle was collected
