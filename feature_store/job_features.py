@@ -28,7 +28,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
@@ -139,35 +139,51 @@ def long_trends(long: Sequence[Sequence[float]]) -> tuple:
     return (*relative_trend(long), deceleration(long))
 
 
+# The helpers below run for every subtask column at every evaluation. A sequence without an
+# unknown value (the rule) is used as it is, not copied: the same values added in the same order.
+
+
+def _known(values: Iterable[float | None]) -> Sequence[float]:
+    """``values`` without the unknown ones, in order (the sequence itself when none is unknown)."""
+    if type(values) is not list and type(values) is not tuple:
+        values = list(values)
+    return [v for v in values if v is not None] if None in values else values
+
+
 def _mean(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
+    known = _known(values)
     return sum(known) / len(known) if known else None
 
 
 def _max(values: Iterable[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
+    known = _known(values)
     return max(known) if known else None
 
 
 def _spread(values: Sequence[float | None]) -> tuple[float | None, float | None, int | None]:
     """(max over mean, coefficient of variation, argmax) of per-subtask values."""
-    known = [(i, v) for i, v in enumerate(values) if v is not None]
-    if len(known) < 2:
+    if None in values:
+        places = [i for i, v in enumerate(values) if v is not None]
+        vals = [values[i] for i in places]
+    else:
+        places, vals = None, values
+    n = len(vals)
+    if n < 2:
         return None, None, None
-    vals = [v for _, v in known]
-    mean = sum(vals) / len(vals)
+    mean = sum(vals) / n
     if mean <= 0:
         return None, None, None
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
-    hot = max(known, key=lambda kv: kv[1])[0]
-    return max(vals) / mean, std / mean, hot
+    std = math.sqrt(sum([(v - mean) ** 2 for v in vals]) / n)
+    top = max(vals)
+    hot = vals.index(top)  # the first subtask at the maximum
+    return top / mean, std / mean, hot if places is None else places[hot]
 
 
 def hot_excess(values: Sequence[float | None]) -> float | None:
     """How much more than its fair share the busiest subtask takes, scaled to [0, 1]:
     0 when every subtask gets ``1/n``, 1 when one gets everything. Unlike max over mean (at most
     ``n``) it reads the same at any parallelism."""
-    known = [v for v in values if v is not None]
+    known = _known(values)
     total = sum(known)
     if len(known) < 2 or total <= 0:
         return None
@@ -202,10 +218,6 @@ def is_flat(points: Sequence[Sequence[float]]) -> bool:
 
 def _over(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
-
-
-def _ratio(value: float | None, scale: float = 1000.0) -> float | None:
-    return None if value is None else value / scale
 
 
 @dataclass
@@ -488,35 +500,34 @@ class JobFeatureState:
                 "trigger_kind": trigger_kind, "is_late": False, "job_state": self.status.get("state"),
                 "last_failure_message": self.last_failure[1] if self.last_failure else None}
         job = self._job_features()
-        rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **dict.fromkeys(VERTEX_FEATURES)}]
+        rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
+        # The memoised parts are floats already (converted once, when computed, not for every row).
         polled = {vid: self._memoised(("polls", vid), self._poll_seq.get(vid, 0), self._poll_features, vid)
                   for vid in self.polls}
-        busy = {vid: p["busy_max"] for vid, p in polled.items()}
-        busiest = max((v for v in busy if busy[v] is not None), key=lambda v: busy[v], default=None)
+        busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
+                      default=None)
         checkpoint_version = (self.age_checkpoints, self._limit())
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
-            f = {**self._memoised(("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid),
-                 **polled.get(vid, NO_POLLS)}
-            for name in ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean"):
-                f[name] = _ratio(f[name])  # ms/s in ``polled``, where vertices are compared
-            others = [p["backpressured_mean"] for other, p in polled.items()
-                      if other != vid and p["backpressured_mean"] is not None]
-            f["downstream_of_backpressure"] = (f["busy_max"] * max(others) / 1000.0
-                                               if f["busy_max"] is not None and others else None)
-            others_max = [p["backpressured_max"] for other, p in polled.items()
-                          if other != vid and p["backpressured_max"] is not None]
-            f["others_backpressured_max"] = max(others_max) / 1000.0 if others_max else None
-            f["is_busiest_vertex"] = (1.0 if busiest == vid else 0.0) if busiest is not None else None
-            hot_records, hot_state = f.pop("_hot_records"), f.pop("_hot_state")
-            records_skew, state_skew = f["records_in_max_over_mean"] or 0.0, f["state_max_over_mean"] or 0.0
-            hot = hot_records if records_skew >= state_skew else hot_state
-            f["hot_subtask"] = hot if hot is not None else (hot_state if hot_state is not None else None)
-            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job,
-                         **{k: (None if v is None else float(v)) for k, v in f.items()}})
+            checkpointed, hot_state, state_skew = self._memoised(
+                ("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid)
+            polls = polled.get(vid, NO_POLLS)
+            others = [p.backpressured_mean for other, p in polled.items()
+                      if other != vid and p.backpressured_mean is not None]
+            others_max = [p.backpressured_max for other, p in polled.items()
+                          if other != vid and p.backpressured_max is not None]
+            hot = polls.hot_subtask if polls.records_skew >= state_skew else hot_state
+            hot = hot if hot is not None else hot_state
+            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job, **checkpointed,
+                         **polls.features,
+                         "downstream_of_backpressure": (polls.busy_max / 1000.0 * max(others) / 1000.0
+                                                        if polls.busy_max is not None and others else None),
+                         "others_backpressured_max": max(others_max) / 1000.0 if others_max else None,
+                         "is_busiest_vertex": (1.0 if busiest == vid else 0.0) if busiest is not None else None,
+                         "hot_subtask": None if hot is None else float(hot)})
         return rows
 
-    def _memoised(self, key: tuple, version: Any, compute: Callable[[str], dict], argument: str) -> dict:
+    def _memoised(self, key: tuple, version: Any, compute: Callable[[str], Any], argument: str) -> Any:
         """``compute(argument)``, again only when ``version`` (of its inputs) moved since the last call."""
         hit = self._memo.get(key)
         if hit is None or hit[0] != version:
@@ -532,10 +543,10 @@ class JobFeatureState:
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
                              "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
                              "checkpoint_interval_ms": self.status.get("checkpoint_interval_ms")}
-        f.update(self._memoised(("checkpoints", JOB), (self.age_checkpoints, self._limit()),
-                                self._job_checkpoint_features, JOB))
+        checkpointed, fit = self._memoised(("checkpoints", JOB), (self.age_checkpoints, self._limit()),
+                                           self._job_checkpoint_features, JOB)
+        f.update(checkpointed)
         f.update(self._memoised(("status", JOB), self._status_seq, self._job_status_features, JOB))
-        fit = f.pop("_state_fit")
         input_rate = self._input_rate()
         f["state_growth_bytes_per_record"] = fit[0] / input_rate if fit and input_rate else None
         cps = self.checkpoints
@@ -543,10 +554,15 @@ class JobFeatureState:
         interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
         f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
         f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
-        return {k: (None if v is None else float(v)) for k, v in f.items()}
+        for name in ("job_age_s", "checkpoint_interval_ms", "state_growth_bytes_per_record",
+                     "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout"):
+            if f[name] is not None:
+                f[name] = float(f[name])  # the memoised parts are floats already
+        return f
 
-    def _job_checkpoint_features(self, _: str) -> dict[str, Any]:
-        """The job features of its checkpoint history (and the state limit)."""
+    def _job_checkpoint_features(self, _: str) -> tuple[dict[str, float | None], tuple | None]:
+        """The job features of its checkpoint history (and the state limit), and the fit of its
+        state's size (bytes per second) that the growth per record divides."""
         f: dict[str, Any] = {}
         short = [[e[0], e[1]] for e in self.completed]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
@@ -558,7 +574,7 @@ class JobFeatureState:
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
-        f["_state_fit"] = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
+        fit = linear_fit([p[0] / 1000.0 for p in short], [p[1] for p in short]) if len(short) >= 3 else None
         limit = self._limit()
         largest = [[e[0], e[4]] for e in self.completed]
         current = largest[-1][1] if largest else None
@@ -583,9 +599,9 @@ class JobFeatureState:
         f["checkpoint_duration_rel_slope_per_h"], _ = relative_trend([[c[0], c[2]] for c in cps])
         f["persisted_inflight_bytes"] = cps[-1][3] if cps else None
         f["persisted_inflight_rel_slope_per_h"], _ = relative_trend([[c[0], c[3]] for c in cps])
-        return f
+        return _floats(f), fit
 
-    def _job_status_features(self, _: str) -> dict[str, Any]:
+    def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""
         f: dict[str, Any] = {"checkpoints_in_progress": self.status.get("checkpoints_in_progress")}
         f["restarts_in_window"] = float(self.restarts[-1][1] - min(r[1] for r in self.restarts)) if self.restarts else None
@@ -593,7 +609,7 @@ class JobFeatureState:
         f["checkpoint_failures_counted"] = float(max(0, counts[-1][1] - counts[0][1])) if counts else None
         f["jm_heap_ratio"] = self.heap[-1][1] if self.heap else None
         f["jm_heap_rel_slope_per_h"], _ = relative_trend(self.heap)
-        return f
+        return _floats(f)
 
     def _input_rate(self) -> float | None:
         """The job's throughput: the largest total input rate of any vertex (records/s)."""
@@ -604,8 +620,9 @@ class JobFeatureState:
                 totals.append(sum(r for r in latest if r is not None))
         return max(totals) if totals else None
 
-    def _vertex_checkpoint_features(self, vid: str) -> dict[str, Any]:
-        """A vertex's features of the job's checkpoint history (and the state limit)."""
+    def _vertex_checkpoint_features(self, vid: str) -> tuple[dict[str, float | None], int | None, float]:
+        """A vertex's features of the job's checkpoint history (and the state limit); its subtask
+        with the most state, and the state's max over mean (0 if unknown) that chooses the hot subtask."""
         f: dict[str, Any] = {}
         short = [[e[0], e[3][vid][0]] for e in self.completed if vid in e[3]]
         f["vertex_state_size_bytes"] = short[-1][1] if short else None
@@ -624,13 +641,13 @@ class JobFeatureState:
         waits = self.barrier_waits.get(vid, [])
         f["start_delay_rel_slope_per_h"], _ = relative_trend([[w[0], w[1]] for w in waits])
         f["alignment_rel_slope_per_h"], _ = relative_trend([[w[0], w[2]] for w in waits])
-        f["state_max_over_mean"], f["state_cv"], f["_hot_state"] = _spread(detail.get("states", []))
+        f["state_max_over_mean"], f["state_cv"], hot_state = _spread(detail.get("states", []))
         f["state_hot_excess"] = hot_excess(detail.get("states", []))
         delays = [d for d in detail.get("delays", []) if d is not None]
         median = sorted(delays)[len(delays) // 2] if delays else None
         f["start_delay_max_over_median"] = max(delays) / max(median, 1.0) if delays and len(delays) >= 2 else None
         f["state_reported"] = (1.0 if any(s is not None for s in detail.get("states", [])) else 0.0) if detail else None
-        return f
+        return _floats(f), hot_state, f["state_max_over_mean"] or 0.0
 
     def _long_vertex_series(self, vid: str) -> list:
         if vid not in self.long_vertices:
@@ -638,8 +655,8 @@ class JobFeatureState:
         i = self.long_vertices.index(vid)
         return [[e[0], e[2][i]] for e in self.completed_long if i < len(e[2]) and e[2][i] is not None]
 
-    def _poll_features(self, vid: str) -> dict[str, Any]:
-        """A vertex's features of its metric polls; busy and backpressured times still in ms/s."""
+    def _poll_features(self, vid: str) -> "PollFeatures":
+        """A vertex's features of its metric polls, and what its job's other vertices compare."""
         polls = self.polls.get(vid, [])
         # Each column of the polls at once (this runs for every vertex polled since the last
         # evaluation); the means add the same values in the same order as one by one.
@@ -655,17 +672,39 @@ class JobFeatureState:
         else:  # the parallelism changed within the window: a subtask missing from a poll counts as unknown
             records = [_mean([subtasks[k] if k < len(subtasks) else None for subtasks in per_poll])
                        for k in range(width)]
-        f["records_in_max_over_mean"], f["records_in_cv"], f["_hot_records"] = _spread(records)
+        f["records_in_max_over_mean"], f["records_in_cv"], hot_records = _spread(records)
         f["records_in_hot_excess"] = hot_excess(records)
         f["busy_reported"] = (1.0 if polls and polls[-1][0] is not None else 0.0) if polls else None
-        return f
+        compared = f["busy_max"], f["backpressured_mean"], f["backpressured_max"]
+        for name in ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean"):
+            if f[name] is not None:
+                f[name] = f[name] / 1000.0
+        return PollFeatures(_floats(f), *compared, hot_records, f["records_in_max_over_mean"] or 0.0)
+
+
+class PollFeatures(NamedTuple):
+    """A vertex's features of its metric polls, as a feature row holds them (busy and
+    backpressured times as fractions of a second), and what its job's other vertices compare."""
+
+    features: dict[str, float | None]
+    busy_max: float | None  # ms/s, mean over the polls of the busiest subtask's
+    backpressured_mean: float | None  # ms/s
+    backpressured_max: float | None  # ms/s
+    hot_subtask: int | None  # the subtask with the most input records
+    records_skew: float  # their max over mean, 0 if unknown: against the state's, which hot subtask to name
+
+
+def _floats(features: dict[str, Any]) -> dict[str, float | None]:
+    """Feature values as floats (None stays None): what a feature row holds."""
+    return {k: (None if v is None else float(v)) for k, v in features.items()}
 
 
 # The poll features of a vertex never polled (it shows only in checkpoints).
-NO_POLLS: dict[str, Any] = {"busy_max": None, "busy_mean": None, "backpressured_max": None, "backpressured_mean": None,
-                            "idle_mean": None, "in_pool_max": None, "out_pool_max": None,
-                            "records_in_max_over_mean": None, "records_in_cv": None, "_hot_records": None,
-                            "records_in_hot_excess": None, "busy_reported": None}
+NO_POLLS = PollFeatures(dict.fromkeys(("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean",
+                                       "in_pool_max", "out_pool_max", "records_in_max_over_mean", "records_in_cv",
+                                       "records_in_hot_excess", "busy_reported")), None, None, None, None, 0.0)
+# The vertex features of a job's own row.
+NO_VERTEX_FEATURES = dict.fromkeys(VERTEX_FEATURES)
 
 
 def features_for_events(events: Iterable[dict], idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,

@@ -170,6 +170,19 @@ def test_skew_features_find_the_hot_subtask():
     assert vertex["start_delay_max_ms"] == 500 and vertex["alignment_max_ms"] == 250
 
 
+def test_subtasks_that_report_nothing_are_left_out_and_the_first_of_equal_subtasks_is_hot():
+    # Subtask 0 reports no records and no busy time; subtasks 2 and 3 tie for the most records.
+    events = [poll(T0, V1, "KeyedProcess", [None, 100, 300, 200], [0, 0, 0, 0], records=[None, 100, 400, 400]),
+              checkpoint(T0 + 1, 600, subtask_states=[100, 100, 100, 100]),
+              status(T0 + 2)]
+    vertex = rows_at(events, vertex=V1)
+    assert vertex["records_in_max_over_mean"] == pytest.approx(400 / 300)
+    assert vertex["records_in_cv"] == pytest.approx(math.sqrt((200 ** 2 + 100 ** 2 + 100 ** 2) / 3) / 300)
+    assert vertex["records_in_hot_excess"] == pytest.approx((400 / 900 - 1 / 3) / (1 - 1 / 3))
+    assert vertex["hot_subtask"] == 2  # the subtask's own index, not its place among those that reported
+    assert vertex["busy_max"] == pytest.approx(0.3) and vertex["busy_mean"] == pytest.approx(0.2)
+
+
 def test_duplicates_and_out_of_order_events_are_not_consumed_twice():
     state = JobFeatureState()
     first, second = checkpoint(T0, 100), checkpoint(T0 + 10_000, 200)
