@@ -164,23 +164,27 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     vertex), with the few row columns the decisions read; ``_row`` points back into ``rows``,
     ``_job`` and ``_entity`` number the jobs and (job, family, vertex) entities."""
     positions = rows.index.get_indexer(scores["row"])
-    scores = scores[positions >= 0]
-    positions = positions[positions >= 0]
+    found = positions >= 0
+    if not found.all():
+        scores, positions = scores[found], positions[found]
     needed = set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
     for rule in rules.values():
         needed.update(rule.guard_columns())
-    taken = rows.iloc[positions, [rows.columns.get_loc(c) for c in sorted(needed) if c in rows.columns]]
-    scored = taken.reset_index(drop=True)
-    scored["_row"] = positions
+    # Built as arrays and put in walking order before they become one frame: taking and
+    # re-indexing the frame instead copied it three times (a fifth of the policy's time on a
+    # 100,000-event backlog).
+    columns = {c: rows[c].to_numpy()[positions] for c in sorted(needed) if c in rows.columns}
+    columns["_row"] = positions
     for name in ("family", "score", "model_name", "model_version", "model_alias"):
-        scored[name] = scores[name].to_numpy()
-    scored["_vertex"] = scored["vertex_id"].fillna("")
-    cluster, clusters = pd.factorize(scored["cluster"], sort=True)
-    job_id, job_ids = pd.factorize(scored["job_id"], sort=True)
-    vertex, vertices = pd.factorize(scored["_vertex"], sort=True)
-    family = scored["family"].map(EVALUATION_ORDER.index).to_numpy()
-    order = np.lexsort((vertex, family, scored["ts"].to_numpy(), job_id, cluster))
-    scored = scored.take(order).reset_index(drop=True)
+        columns[name] = scores[name].to_numpy()
+    columns["_vertex"] = pd.Series(columns["vertex_id"]).fillna("").to_numpy()
+    cluster, clusters = pd.factorize(columns["cluster"], sort=True)
+    job_id, job_ids = pd.factorize(columns["job_id"], sort=True)
+    vertex, vertices = pd.factorize(columns["_vertex"], sort=True)
+    families, named = pd.factorize(columns["family"])
+    family = np.array([EVALUATION_ORDER.index(name) for name in named], dtype=np.int64)[families]
+    order = np.lexsort((vertex, family, columns["ts"], job_id, cluster))
+    scored = pd.DataFrame({name: values[order] for name, values in columns.items()})
     cluster, job_id, vertex, family = cluster[order], job_id[order], vertex[order], family[order]
     _, job_first, job = np.unique(cluster.astype(np.int64) * len(job_ids) + job_id, return_index=True,
                                   return_inverse=True)

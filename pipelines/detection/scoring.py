@@ -112,8 +112,11 @@ def worker_champions(config: SentinelConfig) -> ChampionCache:
 def score_rows(rows: pd.DataFrame, models: Mapping[str, LoadedDetector]) -> pd.DataFrame:
     """One row per (feature row, family of its level): ``row`` is the feature row's index."""
     parts = []
+    levels: dict[str, pd.DataFrame] = {}  # each level's rows taken once, not once per family
     for family, model in models.items():
-        judged = rows_for(rows, FAMILY_LEVEL[family])
+        judged = levels.get(FAMILY_LEVEL[family])
+        if judged is None:
+            judged = levels[FAMILY_LEVEL[family]] = rows_for(rows, FAMILY_LEVEL[family])
         if judged.empty:
             continue
         parts.append(pd.DataFrame({
