@@ -17,6 +17,9 @@ incident policy, incident and dead-letter topics, feature log) on the embedded b
   the keys (``--live-jobs`` alive at any time, each reporting twice 10 minutes apart and then never
   again, replaced at once), in 10-minute slices of event time; the state store's rows after each.
 
+The machine's speed is printed at the start and the end (:mod:`benchmarks.calibration`): on a
+shared machine it moves between runs by more than many changes do.
+
 Usage: ``.venv/bin/python benchmarks/detection.py [throughput|fleet|latency|scaling ...]`` (all by
 default). Needs trained champions in the configured registry (``make run`` or ``sentinel train``).
 """
@@ -42,6 +45,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+from benchmarks.calibration import calibration_line  # noqa: E402
 from benchmarks.kafka_io import machine, raw_consume  # noqa: E402
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines import simulator  # noqa: E402
@@ -431,6 +435,7 @@ def main() -> None:
         stack.up(mlflow=False)
         try:
             print(f"machine: {machine()}; {time.strftime('%Y-%m-%d')}", flush=True)
+            print(calibration_line("start"), flush=True)
             spark = build_spark(config, "bench")
 
             def out(line: str) -> None:
@@ -446,6 +451,7 @@ def main() -> None:
                 scaling(spark, config, out)
             if "rotation" in args.parts:
                 rotation(spark, config, args.live_jobs, args.slices, out)
+            print(calibration_line("end"), flush=True)
         finally:
             stack.down()
 
