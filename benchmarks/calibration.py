@@ -2,9 +2,9 @@
 
 The benchmarks' numbers move with the machine's speed. On this project's shared 2-core machines,
 runs of the same code an hour apart have differed by more than the change under test
-(BENCHMARKS.md, the seventh stop of 2026-11-26). A benchmark prints :func:`python_speed` beside
-its results, at its start and its end, so that two runs can be told apart by the machine as well
-as by the code. The workload is what the detection's Python spends its time on: small
+(BENCHMARKS.md, the seventh stop of 2026-11-26). A benchmark prints :func:`calibration_line`
+beside its results, at its start and its end, so that two runs can be told apart by the machine
+as well as by the code. The workload is what the detection's Python spends its time on: small
 dictionaries built and read, float arithmetic, short lists.
 """
 
@@ -32,5 +32,6 @@ def python_speed(repeat: int = 5) -> float:
     return best
 
 
-def calibration_line(when: str) -> str:
-    return f"calibration ({when}): {python_speed():.3f} s for the fixed Python workload (best of 5; lower is faster)"
+def calibration_line(when: str, repeat: int = 5) -> str:
+    return (f"calibration ({when}): {python_speed(repeat):.3f} s for the fixed Python workload "
+            f"(best of {repeat}; lower is faster)")
