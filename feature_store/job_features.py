@@ -516,6 +516,7 @@ class JobFeatureState:
                       if other != vid and p.backpressured_mean is not None]
             others_max = [p.backpressured_max for other, p in polled.items()
                           if other != vid and p.backpressured_max is not None]
+            # The hot subtask: of records or of state, whichever is more skewed (of state if records are unknown).
             hot = polls.hot_subtask if polls.records_skew >= state_skew else hot_state
             hot = hot if hot is not None else hot_state
             rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job, **checkpointed,
