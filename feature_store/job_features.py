@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
+import orjson
+
 from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
     FLAT_MAX_GROWTH,
@@ -268,13 +270,18 @@ class JobFeatureState:
         self._memo: dict = {}
         self._poll_seq: dict = {}
         self._status_seq = 0
+        self._long_json: tuple[list, orjson.Fragment] | None = None  # completed_long's JSON, by its stamp
+
+    def _long_stamp(self) -> list:
+        """What names ``completed_long``'s content exactly: its length, last and first time (its
+        entries never change; they are only appended later in time or dropped from the front)."""
+        buffer = self.completed_long
+        return [len(buffer), buffer[-1][0] if buffer else None, buffer[0][0] if buffer else None]
 
     def _long_trends(self, key: str, series: Callable[[], list]) -> list:
         """The long-horizon trends of ``series()`` (a series of ``completed_long``), fitted again
-        only when that buffer changed: its stamp (length, first and last time) names its content
-        exactly, as entries are only appended later in time or dropped from the front."""
-        buffer = self.completed_long
-        stamp = [len(buffer), buffer[-1][0] if buffer else None, buffer[0][0] if buffer else None]
+        only when that buffer changed (its stamp)."""
+        stamp = self._long_stamp()
         cached = self.long_trend_cache.get(key)
         if cached is None or cached[0] != stamp:
             cached = self.long_trend_cache[key] = [stamp, list(long_trends(series()))]
@@ -282,9 +289,19 @@ class JobFeatureState:
 
     # --- persistence ---------------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
-        """The state's fields (a cheap, shallow view for JSON)."""
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+    def orjson_fields(self) -> dict:
+        """The state's fields as ``orjson.dumps`` writes them (a shallow view), ``completed_long``
+        as its JSON, serialised again only when the buffer changed (every ~22 s). The stream
+        writes a job's whole state at every micro-batch the job has events in, and that buffer
+        grows to most of it over the long horizon, where it is the same from one write to the
+        next: 240 entries of a few numbers, thousands of objects to walk."""
+        fields = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        stamp = self._long_stamp()
+        if self._long_json is None or self._long_json[0] != stamp:
+            self._long_json = (stamp, orjson.Fragment(orjson.dumps(self.completed_long,
+                                                                   option=orjson.OPT_SERIALIZE_NUMPY)))
+        fields["completed_long"] = self._long_json[1]
+        return fields
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -96,7 +96,7 @@ class FlinkJobState:
         return cls(JobFeatureState(**stored["machine"]), stored["policy"])
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"machine": self.machine.to_dict(), "policy": self.policy},
+        return orjson.dumps({"machine": self.machine.orjson_fields(), "policy": self.policy},
                             option=orjson.OPT_SERIALIZE_NUMPY)
 
     def read(self, records: Iterable[Record], now_ms: int, rules: ReadRules,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
+import orjson
 import pytest
 
 from feature_store.compute import OUTPUT_COLUMNS
@@ -261,6 +263,24 @@ def test_long_trends_kept_in_the_state_are_reused_after_a_reload_and_equal_a_fre
     assert (row["state_rel_slope_long_per_h"], row["state_r2_long"], row["state_deceleration"]) == (-1.0, -2.0, -3.0)
     assert stamp == [len(cached.completed_long), cached.completed_long[-1][0], cached.completed_long[0][0]]
     assert trends[0] > 0 and 0.9 < trends[1] <= 1.0
+
+def test_the_written_state_is_its_fields_while_the_long_buffer_fills_and_moves_on():
+    # The long buffer's JSON is kept between writes and used while the buffer is unchanged: every
+    # write must still be exactly the fields as they are, through the buffer filling (an entry
+    # every 22.5 s) and dropping its oldest entries (after 90 minutes).
+    state = JobFeatureState()
+    reused = 0
+    for i in range(700):  # a checkpoint every 10 s and a status poll between: almost two hours
+        state.consume(checkpoint(T0 + i * 10_000, 100 + i))
+        assert orjson.dumps(state.orjson_fields()) == orjson.dumps(asdict(state))
+        state.consume(status(T0 + i * 10_000 + 5_000))
+        fields = state.orjson_fields()
+        reused += fields["completed_long"] is state.orjson_fields()["completed_long"]
+        assert orjson.dumps(fields) == orjson.dumps(asdict(state))
+    assert reused == 700 and len(state.completed_long) > 150
+    assert state.completed_long[0][0] > T0 + 20 * 60_000  # the first entries were dropped
+    assert JobFeatureState(**orjson.loads(orjson.dumps(state.orjson_fields()))) == state
+
 
 def test_state_stays_bounded_over_a_long_fast_run():
     state = JobFeatureState()
