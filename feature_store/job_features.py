@@ -633,9 +633,9 @@ class JobFeatureState:
         """The job's throughput: the largest total input rate of any vertex (records/s)."""
         totals = []
         for polls in self.polls.values():
-            latest = polls[-1][7]
-            if any(r is not None for r in latest):
-                totals.append(sum(r for r in latest if r is not None))
+            known = _known(polls[-1][7])
+            if known:
+                totals.append(sum(known))
         return max(totals) if totals else None
 
     def _vertex_checkpoint_features(self, vid: str) -> tuple[dict[str, float | None], int | None, float]:

@@ -114,9 +114,10 @@ def score_rows(rows: pd.DataFrame, models: Mapping[str, LoadedDetector]) -> pd.D
     parts = []
     levels: dict[str, pd.DataFrame] = {}  # each level's rows taken once, not once per family
     for family, model in models.items():
-        judged = levels.get(FAMILY_LEVEL[family])
+        level = FAMILY_LEVEL[family]
+        judged = levels.get(level)
         if judged is None:
-            judged = levels[FAMILY_LEVEL[family]] = rows_for(rows, FAMILY_LEVEL[family])
+            judged = levels[level] = rows_for(rows, level)
         if judged.empty:
             continue
         parts.append(pd.DataFrame({
