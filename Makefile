@@ -23,6 +23,7 @@ bench: java
 	$(BIN)/python benchmarks/kafka_io.py
 	$(BIN)/python benchmarks/detection.py
 	$(BIN)/python benchmarks/hot_path.py
+	$(BIN)/python benchmarks/job_age.py
 	$(BIN)/python benchmarks/collector.py
 	$(BIN)/python benchmarks/decisions.py
 	$(BIN)/python benchmarks/stateful_input.py

@@ -27,6 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# One OpenMP thread for the models' predict, as Spark gives its Python workers (OMP_NUM_THREADS=1
+# in local mode too, measured): before numpy and scikit-learn load OpenMP.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import orjson  # noqa: E402
 
