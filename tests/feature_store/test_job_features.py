@@ -264,10 +264,11 @@ def test_long_trends_kept_in_the_state_are_reused_after_a_reload_and_equal_a_fre
     assert stamp == [len(cached.completed_long), cached.completed_long[-1][0], cached.completed_long[0][0]]
     assert trends[0] > 0 and 0.9 < trends[1] <= 1.0
 
+
 def test_the_written_state_is_its_fields_while_the_long_buffer_fills_and_moves_on():
     # The long buffer's JSON is kept between writes and used while the buffer is unchanged: every
     # write must still be exactly the fields as they are, through the buffer filling (an entry
-    # every 22.5 s) and dropping its oldest entries (after 90 minutes).
+    # 22.5 s or more after the last) and dropping its oldest entries (after 90 minutes).
     state = JobFeatureState()
     reused = 0
     for i in range(700):  # a checkpoint every 10 s and a status poll between: almost two hours
