@@ -44,6 +44,17 @@ from pipelines.detection.scoring import ChampionCache  # noqa: E402
 MINUTE = 60_000
 
 
+def records_by_job(records: list[tuple[int, bytes, bytes]], start: int, stop: int) -> dict[tuple[str, str], list[Record]]:
+    """``records[start:stop]`` as the stateful processor gets them: by the job their key names, each
+    job's in arrival order (the record's place in ``records`` is its offset)."""
+    by_job: dict[tuple[str, str], list[Record]] = {}
+    for offset in range(start, stop):
+        _, key, value = records[offset]
+        cluster, job_id = key.decode().rsplit("/", 1)
+        by_job.setdefault((cluster, job_id), []).append(Record(value, key, "input", 0, offset))
+    return by_job
+
+
 def run(records: list[tuple[int, bytes, bytes]], batch: int, config, models) -> tuple[dict[str, float], str]:
     """Seconds per phase over all ``records`` (fresh job states), and the output's digest."""
     rules, settings = ReadRules.from_config(config), PolicySettings.from_config(config)
@@ -52,10 +63,7 @@ def run(records: list[tuple[int, bytes, bytes]], batch: int, config, models) -> 
     seconds = {"read and consume": 0.0, "feature frame": 0.0, "score and decide": 0.0}
     digest = hashlib.sha256()
     for start in range(0, len(records), batch):
-        by_job: dict[tuple[str, str], list[Record]] = {}
-        for offset, (_, key, value) in enumerate(records[start:start + batch], start):
-            cluster, job_id = key.decode().rsplit("/", 1)
-            by_job.setdefault((cluster, job_id), []).append(Record(value, key, "input", 0, offset))
+        by_job = records_by_job(records, start, min(start + batch, len(records)))
         started = time.perf_counter()
         readings = {}
         for (cluster, job_id), job_records in by_job.items():

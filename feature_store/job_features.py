@@ -291,10 +291,10 @@ class JobFeatureState:
 
     def orjson_fields(self) -> dict:
         """The state's fields as ``orjson.dumps`` writes them (a shallow view), ``completed_long``
-        as its JSON, serialised again only when the buffer changed (at most once every 22.5 s). The stream
-        writes a job's whole state at every micro-batch the job has events in, and that buffer
-        grows to most of it over the long horizon, where it is the same from one write to the
-        next: 240 entries of a few numbers, thousands of objects to walk."""
+        as its JSON, serialised again only when the buffer changed (at most once every 22.5 s).
+        The stream writes a job's whole state at every micro-batch the job has events in, and
+        that buffer grows to a large part of it over the long horizon, where it is the same from
+        one write to the next: 240 entries of a few numbers, thousands of objects to walk."""
         fields = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
         stamp = self._long_stamp()
         if self._long_json is None or self._long_json[0] != stamp:
