@@ -122,23 +122,67 @@ def relative_trend(points: Sequence[Sequence[float]]) -> tuple[float | None, flo
     return (sxy / sxx / my if my > 0 else None), r2
 
 
-def deceleration(points: Sequence[Sequence[float]]) -> float | None:
-    """Later-half slope over earlier-half slope; None unless the earlier half clearly grew."""
+def _centred(xs: Sequence[float]) -> tuple[list[float], float]:
+    """The x side of a least-squares fit: the deviations from the mean, and their sum of squares."""
+    mx = sum(xs) / len(xs)
+    dxs = [x - mx for x in xs]
+    sxx = 0.0
+    for dx in dxs:
+        sxx += dx * dx
+    return dxs, sxx
+
+
+def _fit_centred(xside: tuple[list[float], float], ys: Sequence[float], my: float) -> tuple[float, float] | None:
+    """Slope and R^2 of ``ys`` (mean ``my``) over the x side of :func:`_centred`: the sums of
+    :func:`linear_fit`, added in the same order, so the same values come out."""
+    dxs, sxx = xside
+    if sxx == 0:
+        return None
+    sxy = syy = 0.0
+    for dx, y in zip(dxs, ys):
+        dy = y - my
+        sxy += dx * dy
+        syy += dy * dy
+    return sxy / sxx, (sxy * sxy) / (sxx * syy) if syy > 0 else 0.0
+
+
+class LongTimes:
+    """The time side of the long-horizon fits over one list of times (hours): the whole span and
+    its earlier and later halves, centred once. A job's series and each of its vertices' share
+    their times (one thinned buffer), so one instance serves them all when the buffer moves."""
+
+    __slots__ = ("n", "whole", "halves")
+
+    def __init__(self, hours: Sequence[float]) -> None:
+        self.n = n = len(hours)
+        self.whole = _centred(hours) if n >= 3 else None
+        self.halves = (_centred(hours[:n // 2]), _centred(hours[n // 2:])) if n >= 8 else None
+
+    def trends(self, ys: Sequence[float]) -> list:
+        """[relative slope per hour, R^2, deceleration] of ``ys`` (one value per time, none
+        unknown): :func:`relative_trend` and the later half's slope over the earlier half's, the
+        latter None unless the earlier half clearly grew."""
+        if self.whole is None:
+            return [None, None, None]
+        my = sum(ys) / self.n
+        fit = _fit_centred(self.whole, ys, my)
+        rel_slope, r2 = (fit[0] / my if my > 0 else None, fit[1]) if fit else (None, None)
+        decel = None
+        if self.halves is not None and my > 0:
+            half = self.n // 2
+            early_ys, late_ys = ys[:half], ys[half:]
+            early = _fit_centred(self.halves[0], early_ys, sum(early_ys) / half)
+            if early is not None and early[0] / my >= 0.01:
+                late = _fit_centred(self.halves[1], late_ys, sum(late_ys) / (self.n - half))
+                decel = late[0] / early[0] if late is not None else None
+        return [rel_slope, r2, decel]
+
+
+def long_trends(points: Sequence[Sequence[float]]) -> list:
+    """[relative slope per hour, R^2, deceleration] over the long horizon of ``[(ts_ms, value), ...]``,
+    the unknown values left out."""
     points = [p for p in points if p[1] is not None]
-    if len(points) < 8:
-        return None
-    half = len(points) // 2
-    early = linear_fit([p[0] / 3_600_000.0 for p in points[:half]], [p[1] for p in points[:half]])
-    late = linear_fit([p[0] / 3_600_000.0 for p in points[half:]], [p[1] for p in points[half:]])
-    mean = sum(p[1] for p in points) / len(points)
-    if early is None or late is None or mean <= 0 or early[0] / mean < 0.01:
-        return None
-    return late[0] / early[0]
-
-
-def long_trends(long: Sequence[Sequence[float]]) -> tuple:
-    """(relative slope, R^2) over the long horizon, and deceleration."""
-    return (*relative_trend(long), deceleration(long))
+    return LongTimes([p[0] / 3_600_000.0 for p in points]).trends([p[1] for p in points])
 
 
 # The helpers below run for every subtask column at every evaluation. A sequence without an
@@ -271,6 +315,7 @@ class JobFeatureState:
         self._poll_seq: dict = {}
         self._status_seq = 0
         self._long_json: tuple[list, orjson.Fragment] | None = None  # completed_long's JSON, by its stamp
+        self._long_times: tuple[list, LongTimes] | None = None  # completed_long's times centred, by its stamp
 
     def _long_stamp(self) -> list:
         """What names ``completed_long``'s content exactly: its length, last and first time (its
@@ -278,14 +323,30 @@ class JobFeatureState:
         buffer = self.completed_long
         return [len(buffer), buffer[-1][0] if buffer else None, buffer[0][0] if buffer else None]
 
-    def _long_trends(self, key: str, series: Callable[[], list]) -> list:
-        """The long-horizon trends of ``series()`` (a series of ``completed_long``), fitted again
-        only when that buffer changed (its stamp)."""
+    def _long_trends(self, key: str) -> list:
+        """The long-horizon trends of the job's state (``key`` JOB) or a vertex's, fitted again
+        only when the long buffer changed (its stamp). The job and its vertices share the
+        buffer's times: they are centred once for all of them (:class:`LongTimes`)."""
         stamp = self._long_stamp()
         cached = self.long_trend_cache.get(key)
-        if cached is None or cached[0] != stamp:
-            cached = self.long_trend_cache[key] = [stamp, list(long_trends(series()))]
-        return cached[1]
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        buffer = self.completed_long
+        if key == JOB:
+            ys = [e[1] for e in buffer]
+        elif key in self.long_vertices:
+            i = self.long_vertices.index(key)
+            ys = [e[2][i] if i < len(e[2]) else None for e in buffer]
+        else:
+            ys = []
+        if None in ys:  # a value unknown at some times (a vertex not in every checkpoint): its own times
+            trends = long_trends([[e[0], y] for e, y in zip(buffer, ys)])
+        else:
+            if self._long_times is None or self._long_times[0] != stamp:
+                self._long_times = (stamp, LongTimes([e[0] / 3_600_000.0 for e in buffer]))
+            trends = self._long_times[1].trends(ys) if ys else [None, None, None]
+        self.long_trend_cache[key] = [stamp, trends]
+        return trends
 
     # --- persistence ---------------------------------------------------------------------------
 
@@ -585,8 +646,7 @@ class JobFeatureState:
         short = [[e[0], e[1]] for e in self.completed]
         f["state_size_bytes"] = self.completed[-1][1] if self.completed else None
         f["state_rel_slope_per_h"], f["state_r2"] = relative_trend(short)
-        f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(
-            JOB, lambda: [[e[0], e[1]] for e in self.completed_long])
+        f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(JOB)
         f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
         f["state_over_plateau"] = _over(f["state_size_bytes"], self.plateau.get(JOB))
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
@@ -648,8 +708,7 @@ class JobFeatureState:
         f["vertex_state_over_plateau"] = _over(f["vertex_state_size_bytes"], self.plateau.get(vid))
         f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
         (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
-         f["vertex_state_deceleration"]) = self._long_trends(
-            vid, lambda: self._long_vertex_series(vid))
+         f["vertex_state_deceleration"]) = self._long_trends(vid)
         limit = self._limit()
         largest = self.completed[-1][3].get(vid, [None, None])[1] if self.completed else None
         f["vertex_limit_ratio"] = largest / limit if limit and largest is not None else None
@@ -666,12 +725,6 @@ class JobFeatureState:
         f["start_delay_max_over_median"] = max(delays) / max(median, 1.0) if delays and len(delays) >= 2 else None
         f["state_reported"] = (1.0 if any(s is not None for s in detail.get("states", [])) else 0.0) if detail else None
         return _floats(f), hot_state, f["state_max_over_mean"] or 0.0
-
-    def _long_vertex_series(self, vid: str) -> list:
-        if vid not in self.long_vertices:
-            return []
-        i = self.long_vertices.index(vid)
-        return [[e[0], e[2][i]] for e in self.completed_long if i < len(e[2]) and e[2][i] is not None]
 
     def _poll_features(self, vid: str) -> "PollFeatures":
         """A vertex's features of its metric polls, and what its job's other vertices compare."""

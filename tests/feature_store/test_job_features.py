@@ -10,7 +10,7 @@ import pytest
 
 from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.definitions import FEATURE_NAMES, FEATURES, JOB_FEATURES, VERTEX_FEATURES, markdown_table
-from feature_store.job_features import JobFeatureState, features_for_events
+from feature_store.job_features import JobFeatureState, features_for_events, linear_fit, long_trends, relative_trend
 
 JOB = "0123456789abcdef0123456789abcdef"
 T0 = 1_700_000_000_000
@@ -263,6 +263,49 @@ def test_long_trends_kept_in_the_state_are_reused_after_a_reload_and_equal_a_fre
     assert (row["state_rel_slope_long_per_h"], row["state_r2_long"], row["state_deceleration"]) == (-1.0, -2.0, -3.0)
     assert stamp == [len(cached.completed_long), cached.completed_long[-1][0], cached.completed_long[0][0]]
     assert trends[0] > 0 and 0.9 < trends[1] <= 1.0
+
+
+def _reference_long_trends(points):
+    """The long-horizon trends fitted series by series, as the definitions say: the relative
+    trend over the whole span, and the later half's slope over the earlier half's."""
+    points = [p for p in points if p[1] is not None]
+    rel_slope, r2 = relative_trend(points)
+    if len(points) < 8:
+        return [rel_slope, r2, None]
+    half = len(points) // 2
+    early, late = (linear_fit([p[0] / H for p in part], [p[1] for p in part]) for part in (points[:half], points[half:]))
+    mean = sum(p[1] for p in points) / len(points)
+    if early is None or late is None or mean <= 0 or early[0] / mean < 0.01:
+        return [rel_slope, r2, None]
+    return [rel_slope, r2, late[0] / early[0]]
+
+
+def test_the_long_trends_of_a_job_and_its_vertices_fitted_together_equal_each_series_fitted_alone():
+    # The job and its vertices share the long buffer's times, centred once for all of them: the
+    # values must be exactly those of each series fitted on its own, including a vertex that is
+    # missing from some checkpoints (fitted over its own times) and a flat one.
+    state = JobFeatureState()
+    for i in range(300):  # a checkpoint every 30 s for 2.5 hours: the long buffer fills and moves on
+        event = checkpoint(T0 + i * 30_000, 1000 + 13 * i + (i * 7919) % 101)
+        event["vertices"].append({**event["vertices"][0], "vertex_id": V2, "state_size_bytes": 500})
+        if i % 5:
+            event["vertices"].append({**event["vertices"][0], "vertex_id": V3,
+                                      "state_size_bytes": 4000 + 3 * i - (i * 31) % 17})
+        state.consume(event)
+    rows = {row["vertex_id"]: row for row in state.evaluate(state.last_seen_ts, "checkpoint")}
+    buffer = state.completed_long
+    assert len(buffer) > 150 and buffer[0][0] > T0 and any(None in e[2] for e in buffer)
+    job_points = [[e[0], e[1]] for e in buffer]
+    assert [rows[None][f"state_{name}"] for name in ("rel_slope_long_per_h", "r2_long", "deceleration")] \
+        == _reference_long_trends(job_points) == long_trends(job_points)
+    for vid in (V1, V2, V3):
+        i = state.long_vertices.index(vid)
+        points = [[e[0], e[2][i] if i < len(e[2]) else None] for e in buffer]
+        expected = _reference_long_trends(points)
+        assert [rows[vid][f"vertex_state_{name}"] for name in ("rel_slope_long_per_h", "r2_long", "deceleration")] \
+            == expected == long_trends(points)
+    assert rows[V2]["vertex_state_r2_long"] == 0.0 and rows[V2]["vertex_state_deceleration"] is None  # flat
+    assert rows[V3]["vertex_state_rel_slope_long_per_h"] > 0 and rows[V3]["vertex_state_deceleration"] is not None
 
 
 def test_the_written_state_is_its_fields_while_the_long_buffer_fills_and_moves_on():
