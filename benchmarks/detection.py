@@ -10,7 +10,9 @@ incident policy, incident and dead-letter topics, feature log) on the embedded b
 * ``fleet``: ``--fleet-jobs`` simulated Flink jobs polled every 5 s, published in real time (event
   time = wall time) for ``--fleet-minutes`` while the job runs on a 2 s trigger: every batch's
   duration, the state rows and the memory of the driver, the JVM and the Python workers over time,
-  and the latency from an incident's event time to its record on the incident topic.
+  and the latency from an incident's event time to its record on the incident topic. With
+  ``--fleet-aged-minutes``, the jobs are that old when the real-time part starts (their history
+  caught up first, ``fleet_publisher.py``'s backlog): a fleet at its steady state.
 * ``latency``: one job of each scenario in real time on a 2 s trigger (faults every few minutes).
 * ``scaling``: throughput and state for 1k, 4k and 16k live jobs (a minute of each).
 * ``rotation``: state against live and ever-seen jobs: seed 001's key rotation with Flink jobs as
@@ -218,7 +220,7 @@ class BatchRecorder(StreamingQueryListener):
                              state))
         if p.numInputRows:
             store = p.stateOperators[0] if p.stateOperators else None
-            self.progress.append({"at": time.monotonic(), "rows": p.numInputRows,
+            self.progress.append({"at": time.monotonic(), "batch": p.batchId, "rows": p.numInputRows,
                                   "durationMs": dict(p.durationMs or {}), "store": {} if store is None else {
                 "commitTimeMs": store.commitTimeMs, "allUpdatesTimeMs": store.allUpdatesTimeMs,
                 **{k: v for k, v in (store.customMetrics or {}).items() if "Latency" in k or "TimeMs" in k}}})
@@ -236,10 +238,12 @@ class FleetRun:
     samples: list = field(default_factory=list)  # (seconds since start, state rows, memory)
 
 
-def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 seconds") -> np.ndarray:
+def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 seconds", aged_minutes: int = 0,
+          catch_up_s: float = 0.0) -> np.ndarray:
     cfg = fresh_topics(config, "fleet")
     cfg.spark.trigger_interval = trigger
-    out(f"\n### A fleet in real time: {jobs_n:,} jobs polled every 5 s, {minutes} min, trigger {trigger}\n")
+    aged = f", the jobs {aged_minutes} min old (their history caught up first)" if aged_minutes else ""
+    out(f"\n### A fleet in real time: {jobs_n:,} jobs polled every 5 s, {minutes} min, trigger {trigger}{aged}\n")
     config_file = Path(cfg.state_dir) / "fleet-target.json"
     config_file.write_text(json.dumps(target(cfg)))
     cache = ChampionCache(cfg)
@@ -252,15 +256,19 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
     job = start_detection(spark, cfg, cache)
     out(f"<!-- the job started (models loaded in its Python workers) in {time.monotonic() - started:.1f}s -->")
     publisher = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fleet_publisher.py")),
-                                  str(config_file), str(jobs_n), str(minutes)], stdout=subprocess.PIPE, text=True)
-    line = publisher.stdout.readline()  # "ready <start> <events>" once simulated
+                                  str(config_file), str(jobs_n), str(minutes),
+                                  *([str(aged_minutes), str(catch_up_s)] if aged_minutes else [])],
+                                 stdout=subprocess.PIPE, text=True)
+    line = publisher.stdout.readline()  # "ready <start> <events> <backlog events>" once simulated
     if not line.startswith("ready"):
         job.stop()
         raise RuntimeError(f"the fleet's publisher stopped before publishing (exit code {publisher.wait()})")
-    out(f"<!-- {int(line.split()[2]):,} events -->")
-    first_event_ms = int(line.split()[1])
+    first_event_ms, events_n, backlog_n = map(int, line.split()[1:4])
+    out(f"<!-- {events_n:,} events" + (f" in real time after a backlog of {backlog_n:,}" if backlog_n else "") + " -->")
     run = FleetRun()
     t0 = time.monotonic()
+    if backlog_n:  # time 0 is the real-time part's first event: the backlog is caught up before it
+        t0 += first_event_ms / 1000.0 - time.time()
     try:
         while publisher.poll() is None:
             time.sleep(10)
@@ -275,7 +283,16 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             publisher.kill()
         job.stop()
         spark.streams.removeListener(recorder)
-    run.batches = [b for b in recorder.batches if b[1]]
+    if backlog_n:
+        catch_up = [p for p in recorder.progress if p["at"] < t0]
+        recorder.progress = [p for p in recorder.progress if p["at"] >= t0]
+        caught = sum(p["rows"] for p in catch_up)
+        out(f"The backlog: {caught:,} of its {backlog_n:,} events read before the real-time part, in "
+            f"{len(catch_up)} micro-batches over {sum(p['durationMs'].get('triggerExecution', 0) for p in catch_up) / 1000:.0f}s"
+            + ("" if caught >= backlog_n else " (**not caught up**: the first real-time batches read the rest)"))
+        run.samples = [sample for sample in run.samples if sample[0] > 0]
+    live = {p["batch"] for p in recorder.progress}
+    run.batches = [b for b in recorder.batches if b[1] and b[0] in live]
     durations = np.array([b[2] for b in run.batches])
     first_events = int(run.batches[0][0]) if run.batches else 0
     steady = np.array([b[2] for b in run.batches if b[0] > first_events + 2])  # after the first batches' start-up
@@ -297,6 +314,9 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             f"{np.median(offsets):,.0f} | {state:,} | "
             f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
     lags, incidents = incident_latency(cfg)
+    if backlog_n:  # the backlog's incidents are about the past
+        now = [i for i, e in enumerate(incidents) if e["updated_at"] >= first_event_ms]
+        lags, incidents = lags[now], [incidents[i] for i in now]
     if len(lags):
         out(f"\nEvent time to incident on the topic, over {len(lags)} incident events: p50 "
             f"{np.percentile(lags, 50):.1f}s, p99 {np.percentile(lags, 99):.1f}s, max {lags.max():.1f}s")
@@ -417,6 +437,11 @@ def main() -> None:
                         choices=["throughput", "fleet", "latency", "scaling", "rotation"])
     parser.add_argument("--fleet-jobs", type=int, default=2000)
     parser.add_argument("--fleet-minutes", type=int, default=10)
+    parser.add_argument("--fleet-aged-minutes", type=int, default=0,
+                        help="the fleet's jobs have run this long when the real-time part starts (their history "
+                             "is published first, as a backlog the job catches up)")
+    parser.add_argument("--fleet-catch-up-s", type=float, default=300.0,
+                        help="with --fleet-aged-minutes: the time between the backlog's end and the real-time part")
     parser.add_argument("--latency-minutes", type=int, default=6)
     parser.add_argument("--max-per-batch", type=int, default=20_000)
     parser.add_argument("--live-jobs", type=int, default=8192)
@@ -444,7 +469,8 @@ def main() -> None:
             if "throughput" in args.parts:
                 throughput(spark, config, args.max_per_batch, out)
             if "fleet" in args.parts:
-                fleet(spark, config, args.fleet_jobs, args.fleet_minutes, out)
+                fleet(spark, config, args.fleet_jobs, args.fleet_minutes, out,
+                      aged_minutes=args.fleet_aged_minutes, catch_up_s=args.fleet_catch_up_s)
             if "latency" in args.parts:
                 latency(spark, config, args.latency_minutes, out)
             if "scaling" in args.parts:

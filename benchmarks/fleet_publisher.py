@@ -2,10 +2,17 @@
 wall time. A process of its own, started by ``benchmarks/detection.py`` (no Spark imported here:
 a Python that imports PySpark's modules in a spawned child can exit before running anything).
 
-Usage: ``python benchmarks/fleet_publisher.py TARGET.json JOBS MINUTES`` (TARGET: the broker,
-its client options and the topic, as :func:`target` writes them): simulates the fleet,
-moves it to start a few seconds from now (``ts`` and ``trigger_ts`` are the input contract's only
-instants), prints ``ready <first event time>`` and publishes it paced by the wall clock.
+Usage: ``python benchmarks/fleet_publisher.py TARGET.json JOBS MINUTES [AGED_MINUTES CATCH_UP_S]``
+(TARGET: the broker, its client options and the topic, as :func:`target` writes them): simulates
+the fleet, moves it to start a few seconds from now (``ts`` and ``trigger_ts`` are the input
+contract's only instants), prints ``ready <first event time> <events> <backlog events>`` and
+publishes it paced by the wall clock.
+
+With ``AGED_MINUTES``, the jobs have already run that long when the real-time part starts: their
+history is published first, at once, as a backlog that ends now (:func:`aged_split`), and the
+real-time part starts ``CATCH_UP_S`` later, for the job under test to catch up in between (every
+Flink job is silent for that long). So what is measured in real time is a fleet of aged jobs,
+their windows full, not one whose every job starts at age zero.
 """
 
 from __future__ import annotations
@@ -60,36 +67,71 @@ def publish(to: dict, records, pace: bool = False) -> int:
     return sent
 
 
-def shifted(jobs, start_ts: int) -> None:
-    """Move the simulated jobs (which start at ``DEFAULT_START_TS``) to start at ``start_ts``."""
-    shift = start_ts - simulator.DEFAULT_START_TS
-    for job in jobs:
-        for event in job.events:
-            event["ts"] += shift
-            if event.get("trigger_ts") is not None:
-                event["trigger_ts"] += shift
+def shifted(events, shift_ms: int) -> None:
+    """Move ``events`` by ``shift_ms`` of event time."""
+    for event in events:
+        event["ts"] += shift_ms
+        if event.get("trigger_ts") is not None:
+            event["trigger_ts"] += shift_ms
+
+
+# In an aged fleet's backlog, a job's status polls are kept one a minute (and every one that changed
+# its run's state, restarts or failure counter): its feature state's long-lived parts are its
+# checkpoint history and these; its windows of metric polls fill in the real-time part's first minute.
+BACKLOG_STATUS_EVERY_MS = MINUTE
+
+
+def aged_split(job_events, cut_ts: int) -> tuple[list[dict], list[dict]]:
+    """A job's events before ``cut_ts`` as a backlog (its checkpoints, its status polls thinned to
+    :data:`BACKLOG_STATUS_EVERY_MS` and those that changed something), and those from it on."""
+    backlog, live = [], []
+    last_status = None
+    for event in job_events:
+        if event["ts"] >= cut_ts:
+            live.append(event)
+        elif event["kind"] == "checkpoint":
+            backlog.append(event)
+        elif event["kind"] == "job_status":
+            changed = last_status is None or any(event.get(k) != last_status.get(k) for k in (
+                "state", "num_restarts", "checkpoints_failed_total"))
+            if changed or event["ts"] - last_status["ts"] >= BACKLOG_STATUS_EVERY_MS:
+                backlog.append(event)
+                last_status = event
+    return backlog, live
 
 
 def main(argv: list[str]) -> None:
-    target_file, jobs_n, minutes = argv
+    target_file, jobs_n, minutes, *aged = argv
+    aged_ms, catch_up_ms = (int(aged[0]) * MINUTE, int(float(aged[1]) * 1000)) if aged else (0, 0)
     to = json.loads(Path(target_file).read_text())
-    jobs = list(simulator.simulate_fleet(int(jobs_n), 3000, int(minutes) * MINUTE))
+    cut_ts = simulator.DEFAULT_START_TS + aged_ms
+    backlog, live = [], []
+    for job in simulator.simulate_fleet(int(jobs_n), 3000, aged_ms + int(minutes) * MINUTE):
+        job_backlog, job_live = aged_split(job.events, cut_ts) if aged_ms else ([], job.events)
+        backlog += job_backlog
+        live += job_live
     # The fleet starts 5 s after its events are encoded, so that none is published later than its
     # event time (a start taken before encoding 1.2 million events had the first ones published
     # 10-20 s late, their incidents counted that much slower): the encoding's time is measured on
-    # a sample of the events first.
-    sample = [dict(e) for job in jobs[::max(1, len(jobs) // 100)] for e in job.events]
+    # a sample of the events first. A backlog ends then, and the real-time part starts after the
+    # catch-up time.
+    events = backlog + live
+    sample = [dict(e) for e in events[::100]]
     started = time.monotonic()
     encoded(sample)
-    encoding_s = (time.monotonic() - started) * sum(len(job.events) for job in jobs) / max(1, len(sample))
-    start_ts = int((time.time() + 5 + 1.5 * encoding_s) * 1000)
-    shifted(jobs, start_ts)
-    records = encoded(simulator.merged_events(jobs))
-    del jobs
+    encoding_s = (time.monotonic() - started) * len(events) / max(1, len(sample))
+    del events, sample
+    start_ts = int((time.time() + 5 + 1.5 * encoding_s) * 1000) + catch_up_ms
+    shifted(backlog, start_ts - catch_up_ms - cut_ts)
+    shifted(live, start_ts - cut_ts)
+    backlog_records, records = encoded(backlog), encoded(live)
+    del backlog, live
     if records and records[0][0] < time.time() * 1000:
         raise SystemExit(f"encoding took longer than measured: the first events are "
                          f"{time.time() - records[0][0] / 1000:.1f}s late; nothing published")
-    print(f"ready {start_ts} {len(records)}", flush=True)
+    print(f"ready {start_ts} {len(records)} {len(backlog_records)}", flush=True)
+    publish(to, backlog_records)
+    del backlog_records
     publish(to, records, pace=True)
 
 
