@@ -315,7 +315,7 @@ class JobFeatureState:
         self._poll_seq: dict = {}
         self._status_seq = 0
         self._long_json: tuple[list, orjson.Fragment] | None = None  # completed_long's JSON, by its stamp
-        self._long_times: tuple[list, LongTimes] | None = None  # completed_long's times centred, by its stamp
+        self._long_times: tuple[list, LongTimes] | None = None  # completed_long's times centred, in one evaluation
 
     def _long_stamp(self) -> list:
         """What names ``completed_long``'s content exactly: its length, last and first time (its
@@ -604,6 +604,9 @@ class JobFeatureState:
                          "others_backpressured_max": max(others_max) / 1000.0 if others_max else None,
                          "is_busiest_vertex": (1.0 if busiest == vid else 0.0) if busiest is not None else None,
                          "hot_subtask": None if hot is None else float(hot)})
+        # The centred times served this evaluation's long fits, the job's and every vertex's: not
+        # kept for the next (three lists of up to 240 floats a job: about as much memory as its JSON).
+        self._long_times = None
         return rows
 
     def _memoised(self, key: tuple, version: Any, compute: Callable[[str], Any], argument: str) -> Any:
