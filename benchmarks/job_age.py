@@ -13,7 +13,8 @@ It prints, per stretch of the jobs' age, the time per event (validate and consum
 row (frame, score and decide), per job state written and its size. A job's state fills its
 windows over its first minutes (the last 12 checkpoints) and its long horizon over 90 minutes
 (a thinned buffer of 240 points), so a short run sees young jobs: the 10- and 20-minute fleet
-runs of ``detection.py`` do not reach the steady state that this shows.
+runs of ``detection.py`` do not reach the steady state that this shows (``detection.py fleet
+--fleet-aged-minutes 90`` does, with Spark, after catching up the jobs' history).
 
 Usage: ``.venv/bin/python benchmarks/job_age.py [--jobs 300] [--minutes 100] [--every 10]``
 (the champions of ``sentinel train`` must exist; 200 jobs for 100 minutes took about eight minutes).
