@@ -138,13 +138,22 @@ def _feature_log_writer(root: Location | None, batch_id: int) -> Callable[[Itera
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
-        tables = []
-        for batch in batches:
-            features = pc.equal(batch.column("kind"), FEATURES)
-            tables += [read_feature_rows(p) for p in batch.filter(features).column("payload").to_pylist()]
-            yield batch.filter(pc.invert(features))
-        if tables and root is not None:
-            offline_store.append_feature_log(pa.concat_tables(tables), root, batch_id, TaskContext.get().partitionId())
+        # The worker's collector (imported here: the function is pickled by value, the collector
+        # holds a lock). What the worker holds (the champions its warm-up loaded, their libraries)
+        # is frozen after the task, not walked by PySpark's collection after every task (270-400 ms).
+        from pipelines.detection.processor import COLLECTOR
+        COLLECTOR.task_started()
+        try:
+            tables = []
+            for batch in batches:
+                features = pc.equal(batch.column("kind"), FEATURES)
+                tables += [read_feature_rows(p) for p in batch.filter(features).column("payload").to_pylist()]
+                yield batch.filter(pc.invert(features))
+            if tables and root is not None:
+                offline_store.append_feature_log(pa.concat_tables(tables), root, batch_id,
+                                                 TaskContext.get().partitionId())
+        finally:
+            COLLECTOR.task_ended()
     return write
 
 

@@ -47,6 +47,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Iterator
 
 import orjson
@@ -269,7 +270,7 @@ class DetectionProcessor(StatefulProcessor):
         # _CollectorBetweenTasks): a task holds the parsed states of thousands of jobs, which
         # every collection walks, and the states (JSON trees) form no cycles: measured, a state's
         # parse took 1.3 ms with 1,000 others held, 0.3 ms without collections.
-        _COLLECTOR.task_started()
+        COLLECTOR.task_started()
         self.handle = handle
         self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
         self.dues = handle.getValueState("dues", STATE_SCHEMA)
@@ -398,10 +399,14 @@ class DetectionProcessor(StatefulProcessor):
                 missing.append(name)
             else:
                 found[name] = parsed
-        for name, value in zip(missing, get_map_values(self.jobs, [(name,) for name in missing])):
-            if value is None:
-                raise RuntimeError(f"state of job {name} missing from its bucket's map")
-            found[name] = FlinkJobState.from_bytes(value[0])
+        if not missing:
+            return found
+        values = get_map_values(self.jobs, [(name,) for name in missing])
+        with COLLECTOR.frozen_as_made():  # half a thousand objects a state: not walked after the task
+            for name, value in zip(missing, values):
+                if value is None:
+                    raise RuntimeError(f"state of job {name} missing from its bucket's map")
+                found[name] = FlinkJobState.from_bytes(value[0])
         return found
 
     def _write(self, name: str, job: FlinkJobState, dues: dict, writes: list[tuple[tuple, tuple]]) -> None:
@@ -412,7 +417,7 @@ class DetectionProcessor(StatefulProcessor):
         _PARSED.keep(name, version, job, self.config.detection.state_cache_jobs)
 
     def close(self) -> None:
-        _COLLECTOR.task_ended()
+        COLLECTOR.task_ended()
 
 
 def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> None:
@@ -475,42 +480,56 @@ def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | N
 
 
 # Between tasks, what the worker holds (the parsed states of its jobs: half a million objects for
-# 1,000 jobs) is left out of the cyclic garbage collector, which would otherwise walk it after
-# every task (80 ms for the youngest generation, 270 ms for a full collection, measured): a moment
-# after a task ended, on a thread of its own while the worker waits for its next task (its main
-# thread blocked on the socket, without the GIL), the objects made since the last freeze, which
-# hold whatever cyclic garbage the tasks left, are collected, what survives is frozen, and only
-# then are automatic collections turned back on. Frozen objects are never walked again: a full
-# collection of them took 1.5 s in both workers at once in a 2,000-job fleet, longer than the gap
-# before the next task, which it held back past its trigger. What that gives up, measured there:
-# a full collection every 90-120 s found 2 to 8 cycles of 5 objects among them (importlib_metadata's
-# entry point dictionaries, dropped from a cache after they were frozen), and 422 collections of
-# what tasks made found none (BENCHMARKS.md).
-COLLECTION_AFTER_S = 0.2
+# 1,000 jobs; in the feature log writer's workers, the champions and the libraries they load) is
+# left out of the cyclic garbage collector, which would otherwise walk it after every task.
+# PySpark's daemon collects in full after every task of a reused worker (pyspark/daemon.py): in a
+# fleet of 2,000 jobs aged 90 minutes that took 20-21 s a minute of each stateful worker (py-spy) and
+# 11-18 s a minute of each writer worker (gc.callbacks: 26-41 collections of 270-400 ms a minute,
+# none finding garbage). So the end of that collection, which has freed the cyclic garbage the task
+# left, freezes what survived (_CollectorBetweenTasks.after_collection), and only then are automatic
+# collections turned back on. Should no such collection come (a worker not reused, or a PySpark that
+# no longer collects), a moment after the task a thread collects (its end freezes likewise) while the
+# worker waits for its next task (its main thread blocked on the socket, without the GIL). Frozen
+# objects are never walked again: a full collection of them took 1.5 s in both workers at once in a
+# 2,000-job fleet, longer than the gap before the next task, which it held back past its trigger.
+# What that gives up, measured there: a full collection every 90-120 s found 2 to 8 cycles of 5
+# objects among them (importlib_metadata's entry point dictionaries, dropped from a cache after they
+# were frozen). What tasks make holds a few cycles (PySpark's recursive closures: 30-60 objects a
+# task in a 200-job fleet, gc.DEBUG_SAVEALL), collected before anything is frozen. The states a task
+# parses (those another worker wrote last: the two workers swap partitions about every other batch)
+# are frozen as they are made (frozen_as_made): the collections after tasks had walked 22,000-370,000
+# objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md).
+COLLECTION_AFTER_S = 0.5  # PySpark's collection, right after the task, comes first as a rule
 COLLECTION_AT_LEAST_EVERY_S = 60.0
 
 
 class _CollectorBetweenTasks:
     """The cyclic garbage collector of a Python worker that runs detection tasks: off while a task
-    runs, the task's objects collected and frozen between tasks (above)."""
+    runs; between tasks, once a full collection has freed what the tasks left, what survives is
+    frozen (above)."""
 
     def __init__(self):
-        self.lock = threading.Lock()  # a task does not start while its worker collects
+        # Reentrant: a collection started under it calls after_collection back on the same thread.
+        self.lock = threading.RLock()
         self.tasks = 0
-        self.enabled_before: bool | None = None  # before the first task since the last collection
+        self.enabled_before: bool | None = None  # before the first task since the last freeze
         self.collected_at = time.monotonic()
+        self.watching = False
 
     def task_started(self) -> None:
         with self.lock:
+            if not self.watching:
+                gc.callbacks.append(self.after_collection)
+                self.watching = True
             if self.enabled_before is None:
                 self.enabled_before = gc.isenabled()
             gc.disable()
             self.tasks += 1
 
     def task_ended(self) -> threading.Timer | None:
-        """Collect a moment from now, on a thread (returned, started), unless a task runs then;
-        now, in the task, if every collection since the last was skipped that way for a while
-        (tasks back to back), so that cyclic garbage does not pile up."""
+        """Collect a moment from now, on a thread (returned, started), unless a task runs then or a
+        collection came first (PySpark's, after every task); now, in the task, if none came for a
+        while (tasks back to back), so that cyclic garbage does not pile up."""
         with self.lock:
             self.tasks -= 1
             overdue = time.monotonic() - self.collected_at > COLLECTION_AT_LEAST_EVERY_S
@@ -522,19 +541,44 @@ class _CollectorBetweenTasks:
         collection.start()
         return collection
 
+    @contextmanager
+    def frozen_as_made(self) -> Iterator[None]:
+        """Within a task: what the block makes, which must be free of cycles (parsed job states,
+        JSON trees), is frozen at its end, not walked by the collection after the task; what the
+        task made before the block is collected first, so that no cyclic garbage is frozen with
+        it (PySpark's own calls leave some: recursive closures of ``Row.asDict`` and
+        ``StructField.getCollationMetadata``, dropped as the calls return)."""
+        if not self.enabled_before:  # the worker had no automatic collections: left as it was
+            yield
+            return
+        gc.collect()
+        yield
+        gc.freeze()
+
     def collect(self) -> None:
         with self.lock:
             if self.tasks or self.enabled_before is None:
-                return  # a task runs (its end collects what both made), or another collection ran
+                return  # a task runs (its end collects what both made), or a collection came first
             if self.enabled_before:
-                gc.collect()
+                gc.collect()  # calls after_collection back (unless another thread's collection ran)
+            self.after_collection("stop", {"generation": 2})
+
+    def after_collection(self, phase: str, info: dict) -> None:
+        """A ``gc.callbacks`` entry: at the end of a full collection between tasks, what survived
+        is frozen and automatic collections are back, as they were before the tasks."""
+        if phase != "stop" or info["generation"] != 2:
+            return
+        with self.lock:
+            if self.tasks or self.enabled_before is None:
+                return  # within a task (frozen_as_made's), or nothing made since the last freeze
+            if self.enabled_before:
                 gc.freeze()
                 gc.enable()
             self.enabled_before = None
             self.collected_at = time.monotonic()
 
 
-_COLLECTOR = _CollectorBetweenTasks()
+COLLECTOR = _CollectorBetweenTasks()
 
 
 class _ParsedStates:

@@ -4,7 +4,9 @@ for live jobs only."""
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 
 import pytest
 
@@ -237,25 +239,26 @@ def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_sta
     assert not spark.streams.active
 
 
-def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_survives(monkeypatch):
-    import gc
-    import weakref
+class _Node:
+    pass
 
+
+def _made_in_a_task():
+    held = _Node()  # kept, as a parsed job state is
+    garbage = _Node()
+    garbage.itself = garbage  # a cycle: only the cyclic collector frees it
+    return held, weakref.ref(garbage)
+
+
+def _frozen(thing) -> bool:
+    return not any(o is thing for o in gc.get_objects())  # in no generation: in the permanent one
+
+
+def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_survives(monkeypatch):
     from pipelines.detection import processor
     from pipelines.detection.processor import _CollectorBetweenTasks
 
-    class Node:
-        pass
-
-    def made_in_a_task():
-        held = Node()  # kept, as a parsed job state is
-        garbage = Node()
-        garbage.itself = garbage  # a cycle: only the cyclic collector frees it
-        return held, weakref.ref(garbage)
-
-    def frozen(thing) -> bool:
-        return not any(o is thing for o in gc.get_objects())  # in no generation: in the permanent one
-
+    made_in_a_task, frozen = _made_in_a_task, _frozen
     collector = _CollectorBetweenTasks()
     assert gc.isenabled()
     try:
@@ -277,6 +280,67 @@ def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_s
         _, freed = made_in_a_task()
         assert collector.task_ended() is None and freed() is None  # collected at once, in the task
     finally:
+        gc.callbacks.remove(collector.after_collection)
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_the_full_collection_pyspark_makes_after_a_task_is_the_one_whose_survivors_are_frozen(monkeypatch):
+    """PySpark's daemon collects in full after every task of a reused worker: the end of that
+    collection freezes what survived, and the worker's own collection, later, finds nothing to do."""
+    from pipelines.detection import processor
+    from pipelines.detection.processor import _CollectorBetweenTasks
+
+    collector = _CollectorBetweenTasks()
+    try:
+        collector.task_started()
+        held, freed = _made_in_a_task()
+        gc.collect()  # a collection within the task (frozen_as_made's) freezes nothing
+        assert freed() is None and not _frozen(held) and not gc.isenabled()
+        _, freed = _made_in_a_task()
+        monkeypatch.setattr(processor, "COLLECTION_AFTER_S", 30.0)  # the worker's own collection: not yet
+        fallback = collector.task_ended()
+        monkeypatch.undo()
+        assert freed() is not None and not _frozen(held)
+        gc.collect()  # as pyspark/daemon.py after the task
+        assert freed() is None and _frozen(held) and gc.isenabled()
+        later = _Node()
+        collector.collect()  # the thread's, when it comes: nothing made since by a task, nothing done
+        assert not _frozen(later)
+        fallback.cancel()
+    finally:
+        gc.callbacks.remove(collector.after_collection)
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_states_parsed_in_a_task_are_frozen_as_made_after_the_task_s_garbage_so_far_is_collected():
+    """A task's parsed job states are left out of the collection after it (which walked up to
+    330,000 objects in a fleet of aged jobs), without freezing the cyclic garbage made before."""
+    from pipelines.detection.processor import _CollectorBetweenTasks
+
+    collector = _CollectorBetweenTasks()
+    try:
+        collector.task_started()
+        _, freed = _made_in_a_task()  # e.g. PySpark's recursive closures, dropped as its calls return
+        with collector.frozen_as_made():
+            parsed = [_Node() for _ in range(3)]
+        assert freed() is None  # collected before the block, not frozen for ever
+        assert all(_frozen(node) for node in parsed)
+        assert not gc.isenabled()  # still no automatic collections while the task runs
+        later = _Node()
+        collector.task_ended().join(timeout=30)
+        assert _frozen(later)  # the usual collection after the task, then frozen
+        gc.disable()  # a worker whose collections were off before its first task: left as it was
+        collector.task_started()
+        _, freed = _made_in_a_task()
+        with collector.frozen_as_made():
+            parsed = _Node()
+        assert freed() is not None and not _frozen(parsed)
+        collector.task_ended().join(timeout=30)
+        assert not gc.isenabled()
+    finally:
+        gc.callbacks.remove(collector.after_collection)
         gc.unfreeze()
         gc.enable()
 
