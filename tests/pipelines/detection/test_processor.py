@@ -258,26 +258,25 @@ def test_between_tasks_a_worker_collects_what_its_tasks_made_then_freezes_what_s
     from pipelines.detection import processor
     from pipelines.detection.processor import _CollectorBetweenTasks
 
-    made_in_a_task, frozen = _made_in_a_task, _frozen
     collector = _CollectorBetweenTasks()
     assert gc.isenabled()
     try:
         collector.task_started()
         assert not gc.isenabled()  # no collections while a task runs
-        held, freed = made_in_a_task()
+        held, freed = _made_in_a_task()
         monkeypatch.setattr(processor, "COLLECTION_AFTER_S", 3.0)  # "a moment", even on a loaded machine
         collection = collector.task_ended()  # on a thread, a moment after the task
         collector.task_started()  # the next task came first: nothing collected under it
         collection.join(timeout=30)
         monkeypatch.undo()
-        assert freed() is not None and not frozen(held) and not gc.isenabled()
+        assert freed() is not None and not _frozen(held) and not gc.isenabled()
         collector.task_ended().join(timeout=30)  # this task's end: both tasks' objects
         assert freed() is None  # the cycle was collected
-        assert frozen(held)  # what survived is left out of collections from now on
+        assert _frozen(held)  # what survived is left out of collections from now on
         assert gc.isenabled()  # and automatic collections are back, for what comes next
         collector.collected_at -= processor.COLLECTION_AT_LEAST_EVERY_S  # tasks back to back since
         collector.task_started()
-        _, freed = made_in_a_task()
+        _, freed = _made_in_a_task()
         assert collector.task_ended() is None and freed() is None  # collected at once, in the task
     finally:
         gc.callbacks.remove(collector.after_collection)
@@ -316,7 +315,7 @@ def test_the_full_collection_pyspark_makes_after_a_task_is_the_one_whose_survivo
 
 def test_states_parsed_in_a_task_are_frozen_as_made_after_the_task_s_garbage_so_far_is_collected():
     """A task's parsed job states are left out of the collection after it (which walked up to
-    330,000 objects in a fleet of aged jobs), without freezing the cyclic garbage made before."""
+    370,000 objects in a fleet of aged jobs), without freezing the cyclic garbage made before."""
     from pipelines.detection.processor import _CollectorBetweenTasks
 
     collector = _CollectorBetweenTasks()
