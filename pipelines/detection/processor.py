@@ -561,7 +561,7 @@ class _CollectorBetweenTasks:
                 return  # a task runs (its end collects what both made), or a collection came first
             if self.enabled_before:
                 gc.collect()  # calls after_collection back (unless another thread's collection ran)
-            self.after_collection("stop", {"generation": 2})
+            self._freeze_survivors()
 
     def after_collection(self, phase: str, info: dict) -> None:
         """A ``gc.callbacks`` entry: at the end of a full collection between tasks, what survived
@@ -569,13 +569,17 @@ class _CollectorBetweenTasks:
         if phase != "stop" or info["generation"] != 2:
             return
         with self.lock:
-            if self.tasks or self.enabled_before is None:
-                return  # within a task (frozen_as_made's), or nothing made since the last freeze
-            if self.enabled_before:
-                gc.freeze()
-                gc.enable()
-            self.enabled_before = None
-            self.collected_at = time.monotonic()
+            self._freeze_survivors()
+
+    def _freeze_survivors(self) -> None:
+        """Under the lock, after a full collection."""
+        if self.tasks or self.enabled_before is None:
+            return  # within a task (frozen_as_made's), or nothing made since the last freeze
+        if self.enabled_before:
+            gc.freeze()
+            gc.enable()
+        self.enabled_before = None
+        self.collected_at = time.monotonic()
 
 
 COLLECTOR = _CollectorBetweenTasks()
