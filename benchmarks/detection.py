@@ -203,6 +203,38 @@ def memory(exclude: set[int] = frozenset()) -> dict[str, int]:
     return usage
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time of the process and of its children it has reaped."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
+
+
+def cpu(publisher: int) -> dict[str, float]:
+    """CPU seconds so far of the driver's Python, the Spark JVM, the Python workers, the broker and
+    the fleet's publisher (all on the run's two cores), and of each Python worker by process id
+    (``worker <pid>``): where the cores' time goes, which batch durations alone do not say."""
+    usage = {"driver python": _cpu_seconds(os.getpid()), "jvm": 0.0, "python workers": 0.0, "broker": 0.0,
+             "publisher": _cpu_seconds(publisher)}
+    for pid, name in _descendants(os.getpid()):
+        if pid == publisher:
+            continue
+        seconds = _cpu_seconds(pid)
+        if name == "java":
+            usage["jvm"] += seconds
+        elif name == "tansu":
+            usage["broker"] += seconds
+        elif name.startswith("python"):
+            usage["python workers"] += seconds
+            usage[f"worker {pid}"] = seconds
+    return usage
+
+
 class BatchRecorder(StreamingQueryListener):
     """Every micro-batch of the run: (batch id, input rows, seconds, state rows)."""
 
@@ -235,7 +267,7 @@ class BatchRecorder(StreamingQueryListener):
 @dataclass
 class FleetRun:
     batches: list = field(default_factory=list)  # (batch id, input rows, seconds, state rows)
-    samples: list = field(default_factory=list)  # (seconds since start, state rows, memory)
+    samples: list = field(default_factory=list)  # (seconds since start, state rows, memory, CPU seconds)
 
 
 def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 seconds", aged_minutes: int = 0,
@@ -274,7 +306,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             time.sleep(10)
             last = job.query.lastProgress
             state = last["stateOperators"][0]["numRowsTotal"] if last and last["stateOperators"] else 0
-            run.samples.append((time.monotonic() - t0, state, memory(exclude={publisher.pid})))
+            run.samples.append((time.monotonic() - t0, state, memory(exclude={publisher.pid}), cpu(publisher.pid)))
             if job.query.exception() is not None:
                 raise job.query.exception()
         time.sleep(15)  # the last events' batches
@@ -304,7 +336,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
     out("\n| minute | batch p50 s | batch max s | events per batch p50 | offsets p50 ms | state rows | "
         "driver python MiB | JVM MiB | python workers MiB |")
     out("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for seconds, state, mem in run.samples[5::6]:
+    for seconds, state, mem, _ in run.samples[5::6]:
         # The batches that ended in this minute (the samples are taken every 10 s, one a minute shown).
         minute = [p for p in recorder.progress if seconds - 60 < p["at"] - t0 <= seconds]
         took = [p["durationMs"].get("triggerExecution", 0) / 1000.0 for p in minute] or [float("nan")]
@@ -313,6 +345,7 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(events):,.0f} | "
             f"{np.median(offsets):,.0f} | {state:,} | "
             f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
+    cpu_table(run.samples, out)
     lags, incidents = incident_latency(cfg)
     if backlog_n:  # the backlog's incidents are about the past
         now = [i for i, e in enumerate(incidents) if e["updated_at"] >= first_event_ms]
@@ -332,6 +365,20 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             out(f"<!-- {lags[i]:.1f}s: {e['event']} {e['family']} {e['job_name']}, "
                 f"{(e['updated_at'] - first_event_ms) / 1000:.0f}s into the fleet's events -->")
     return lags
+
+
+def cpu_table(samples: list, out) -> None:
+    """CPU seconds a minute of each group of processes, the two busiest Python workers apart."""
+    groups = ("driver python", "jvm", "python workers", "broker", "publisher")
+    out("\n| minute | CPU s: driver python | JVM | python workers | of them the two busiest | broker | "
+        "publisher | all (of 120) |")
+    out("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for before, after in zip(samples[::6], samples[6::6]):
+        spent = {name: after[3][name] - before[3].get(name, 0.0) for name in after[3]}
+        workers = sorted((v for k, v in spent.items() if k.startswith("worker ")), reverse=True)[:2]
+        out(f"| {after[0] / 60:.0f} | " + " | ".join(f"{spent[g]:.1f}" for g in groups[:3])
+            + f" | {' + '.join(f'{w:.1f}' for w in workers)} | {spent['broker']:.1f} | {spent['publisher']:.1f} | "
+            f"{sum(spent[g] for g in groups):.1f} |")
 
 
 def _seconds(interval: str) -> float:
