@@ -177,6 +177,8 @@ def test_the_input_is_keyed_by_job_with_the_event_time_of_its_top_level_ts(spark
         '{"job_name": "x", "ts": %d.0}' % ts, '{"ts": 1.5e12}', '{"ts": "soon"}', '{"ts": null}',
         '{"ts": 99999999999999999999}', '{"ts": 1767225613}', '{"ts": -1}', '{"cluster": "c2"}',
         "not json", None,
+        # Ahead of the clock: within the allowed skew (5 minutes here), and an hour ahead.
+        '{"ts": %d}' % (time.time() * 1000 + 60_000), '{"ts": %d}' % (time.time() * 1000 + 3_600_000),
     ]
     keys = [f"c1/{job}", f"a/b/{job}", "bad/record", f"c1/{job.upper()}", None]
     records = [(None if k is None else k.encode(), None if v is None else v.encode(), "in", 0, i * len(keys) + j, None)
