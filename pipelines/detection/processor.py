@@ -119,8 +119,8 @@ def detection_input(records: DataFrame, max_future_ms: int) -> DataFrame:
         "key", "value", "topic", "partition", "offset", F.unix_millis("timestamp").alias("kafka_timestamp_ms"))
     # The wall clock read per record, not current_timestamp(): Spark writes a micro-batch's timestamp
     # into the stage's generated Java as a constant, so every micro-batch compiled the stage anew
-    # (twice, by CodeGenerator's log) and ran it in the interpreter until the JIT caught up again.
-    # reflect() is evaluated outside the generated code. A record is read after its micro-batch
+    # (twice, by CodeGenerator's log), and each new class runs interpreted until the JIT compiles
+    # it. reflect() is evaluated outside the generated code. A record is read after its micro-batch
     # starts, so this clock is a few seconds at most ahead of the batch time the processor judges
     # ``ts`` by.
     now_ms = F.reflect(F.lit("java.lang.System"), F.lit("currentTimeMillis")).cast("long")
