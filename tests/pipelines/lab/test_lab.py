@@ -159,7 +159,9 @@ def test_a_real_flink_leak_job_reaches_the_input_topic_with_growing_state(config
     # The JobManager storage's limit, on every poll of the running job (one that was still starting
     # at its first poll may not have answered its checkpoint config yet).
     running = [e for e in statuses if e["state"] == "RUNNING"]
-    assert running and all(e["max_state_size_bytes"] == 5 * 1024 * 1024 for e in running)
+    assert running and all(e["max_state_size_bytes"] == 5 * 1024 * 1024 for e in running), [
+        (e["ts"], e["max_state_size_bytes"], e["checkpoint_interval_ms"], e["checkpoints_completed_total"])
+        for e in statuses]
     assert any(e.get("is_savepoint") for e in completed)
     assert {e["vertex_name"] for e in mine if e["kind"] == "vertex_metrics"} >= {"keyed-state", "enrich", "assign-key"}
 
