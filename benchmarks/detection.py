@@ -188,18 +188,21 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-def memory(exclude: set[int] = frozenset()) -> dict[str, int]:
-    """Resident memory of the driver's Python, the Spark JVM (driver and executor in local mode)
-    and the Python workers."""
-    me = os.getpid()
-    usage = {"driver python": _rss_bytes(me), "jvm": 0, "python workers": 0}
-    for pid, name in _descendants(me):
-        if pid in exclude:
-            continue
-        if name == "java":
-            usage["jvm"] += _rss_bytes(pid)
-        elif name.startswith("python"):
-            usage["python workers"] += _rss_bytes(pid)
+def processes(exclude: set[int] = frozenset()) -> list[tuple[int, str | None]]:
+    """The processes under this one, by group: ``jvm`` (Spark's driver and executor in local
+    mode), ``python workers``, ``broker``; None for any other."""
+    groups = {"java": "jvm", "tansu": "broker"}
+    return [(pid, groups.get(name, "python workers" if name.startswith("python") else None))
+            for pid, name in _descendants(os.getpid()) if pid not in exclude]
+
+
+def memory(running: list[tuple[int, str | None]]) -> dict[str, int]:
+    """Resident memory of the driver's Python, the Spark JVM and the Python workers (of
+    :func:`processes`)."""
+    usage = {"driver python": _rss_bytes(os.getpid()), "jvm": 0, "python workers": 0}
+    for pid, group in running:
+        if group in ("jvm", "python workers"):
+            usage[group] += _rss_bytes(pid)
     return usage
 
 
@@ -215,22 +218,19 @@ def _cpu_seconds(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime, stime, cutime, cstime
 
 
-def cpu(publisher: int) -> dict[str, float]:
-    """CPU seconds so far of the driver's Python, the Spark JVM, the Python workers, the broker and
-    the fleet's publisher (all on the run's two cores), and of each Python worker by process id
-    (``worker <pid>``): where the cores' time goes, which batch durations alone do not say."""
+def cpu(running: list[tuple[int, str | None]], publisher: int) -> dict[str, float]:
+    """CPU seconds so far of the driver's Python, the Spark JVM, the Python workers, the broker (of
+    :func:`processes`) and the fleet's publisher (all on the run's two cores), and of each Python
+    worker by process id (``worker <pid>``): where the cores' time goes, which batch durations
+    alone do not say."""
     usage = {"driver python": _cpu_seconds(os.getpid()), "jvm": 0.0, "python workers": 0.0, "broker": 0.0,
              "publisher": _cpu_seconds(publisher)}
-    for pid, name in _descendants(os.getpid()):
-        if pid == publisher:
+    for pid, group in running:
+        if group is None:
             continue
         seconds = _cpu_seconds(pid)
-        if name == "java":
-            usage["jvm"] += seconds
-        elif name == "tansu":
-            usage["broker"] += seconds
-        elif name.startswith("python"):
-            usage["python workers"] += seconds
+        usage[group] += seconds
+        if group == "python workers":
             usage[f"worker {pid}"] = seconds
     return usage
 
@@ -306,7 +306,8 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             time.sleep(10)
             last = job.query.lastProgress
             state = last["stateOperators"][0]["numRowsTotal"] if last and last["stateOperators"] else 0
-            run.samples.append((time.monotonic() - t0, state, memory(exclude={publisher.pid}), cpu(publisher.pid)))
+            running = processes(exclude={publisher.pid})  # one walk of /proc for both
+            run.samples.append((time.monotonic() - t0, state, memory(running), cpu(running, publisher.pid)))
             if job.query.exception() is not None:
                 raise job.query.exception()
         time.sleep(15)  # the last events' batches
