@@ -3,8 +3,9 @@
 One :class:`ClusterCollector` per Flink cluster. Each poll reads ``/jobs/overview`` and, per job:
 
 - ``job_status``: the overview entry, ``/jobs/:id/checkpoints`` counts, ``/checkpoints/config``
-  (interval, timeout, storage; fetched once per job), the ``numRestarts`` job metric and the
-  JobManager's heap (``/jobmanager/metrics``, once per poll);
+  (interval, timeout, storage; read until it names the storage or the job has settled, then
+  kept), the ``numRestarts`` job metric and the JobManager's heap (``/jobmanager/metrics``, once
+  per poll);
 - ``checkpoint``: each newly finished checkpoint once, with ``/checkpoints/details/:cid`` and the
   per-vertex ``/checkpoints/details/:cid/subtasks/:vid``; the ledger remembers what was
   published, across restarts;
@@ -37,6 +38,10 @@ from pipelines.io.storage import Location
 log = logging.getLogger(__name__)
 
 Publish = Callable[[list[dict]], None]
+
+# Ten times Flink's default web.refresh-interval: well past the REST cache's staleness, and
+# tolerant of some clock skew between the collector and the JobManager.
+CHECKPOINT_CONFIG_SETTLE_MS = 30_000
 
 
 @dataclass
@@ -145,16 +150,7 @@ class ClusterCollector:
         checkpoints = self.rest.get(f"/jobs/{job_id}/checkpoints")
         checkpoint_config = self._checkpoint_config.get(job_id)
         if checkpoint_config is None:
-            try:
-                checkpoint_config = self.rest.get(f"/jobs/{job_id}/checkpoints/config")
-            except FlinkRestError as exc:
-                if exc.status != 404:  # a job without checkpointing has no checkpoint config
-                    raise
-                checkpoint_config = {}
-            # Kept once it names the storage, or once the job runs: a job still starting may not
-            # answer it yet, and its state limit would be lost for the job's whole life.
-            if checkpoint_config.get("checkpoint_storage") or state == "RUNNING":
-                self._checkpoint_config[job_id] = checkpoint_config
+            checkpoint_config = self._read_checkpoint_config(job, state, sampled_at)
         try:
             job_metrics = self.rest.metrics(f"/jobs/{job_id}/metrics", mapping.JOB_METRICS)
         except FlinkRestError as exc:
@@ -191,6 +187,29 @@ class ClusterCollector:
                 self._seen_terminal.add(job_id)
 
         return events, commit
+
+    def _read_checkpoint_config(self, job: dict, state: str, sampled_at: int) -> dict:
+        """``/checkpoints/config``, kept for the job's life once it can no longer change.
+
+        Flink answers it from a cached execution graph (refreshed every ``web.refresh-interval``,
+        3 s by default). Just after a job starts, that can still be the starting job's sparse
+        graph: the interval without the storage, or a 404. So an answer that names the storage is
+        kept at once, and any other only once the job has run, unchanged, for longer than the
+        cache can be stale; before that it is asked again at the next poll. Keeping a stale
+        answer would lose the JobManager storage's state limit for the job's whole life."""
+        job_id = job["jid"]
+        try:
+            config = self.rest.get(f"/jobs/{job_id}/checkpoints/config")
+        except FlinkRestError as exc:
+            if exc.status != 404:  # a job without checkpointing has no checkpoint config
+                raise
+            config = {}
+        changed_at = job.get("last-modification")  # the last change of the job's or a task's state
+        settled = (state == "RUNNING" and isinstance(changed_at, int)
+                   and sampled_at - changed_at >= CHECKPOINT_CONFIG_SETTLE_MS)
+        if config.get("checkpoint_storage") or settled:
+            self._checkpoint_config[job_id] = config
+        return config
 
     def _checkpoint(self, job: dict, checkpoint: dict, vertices: list[dict], result: PollResult) -> dict:
         job_id, checkpoint_id = job["jid"], int(checkpoint["id"])

@@ -275,3 +275,39 @@ def test_a_restarting_job_is_followed_through_its_restart(tmp_path):
     assert samples and min(samples) >= restarted_at  # none while restarting
     ids = checkpoint_ids(published)
     assert len(ids) == len(set(ids)) and set(ids) == finished_ids(polls[1])
+
+
+def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_storage(tmp_path):
+    """Just after a job starts, Flink's REST cache can answer ``/checkpoints/config`` from the
+    starting job's graph, without the storage. The collector asks again rather than losing the
+    JobManager storage's state limit for the job's whole life; a settled job's answer is kept."""
+    import copy
+
+    polls = copy.deepcopy(recorded_polls("leak"))
+    job = polls[0]["/jobs/overview"]["jobs"][0]
+    config_path = f"/jobs/{job['jid']}/checkpoints/config"
+    starting = copy.deepcopy(polls[0])
+    del starting[config_path]["checkpoint_storage"]
+    just_changed = job["last-modification"] / 1000 + 1  # one second after the job began running
+    published: list[dict] = []
+    running = {**polls[1], config_path: polls[0][config_path]}  # the replay serves the latest answer
+    with RecordedFlink([starting, running, polls[2]]) as flink:
+        collector = ClusterCollector(FlinkClusterEndpoint(name="lab", rest_url=flink.url), settings(tmp_path),
+                                     published.extend, clock=lambda: just_changed)
+        for poll in range(3):
+            flink.poll = poll
+            collector.poll()
+    limits = [e["max_state_size_bytes"] for e in published if e["kind"] == "job_status"]
+    assert limits == [None, 5 * 1024 * 1024, 5 * 1024 * 1024]
+    assert flink.requests.count(config_path) == 2  # asked again once, then kept
+
+    settled = job["last-modification"] / 1000 + 60
+    published.clear()
+    with RecordedFlink([starting, starting]) as flink:
+        collector = ClusterCollector(FlinkClusterEndpoint(name="lab", rest_url=flink.url),
+                                     settings(tmp_path / "settled"), published.extend, clock=lambda: settled)
+        collector.poll()
+        flink.poll = 1
+        collector.poll()
+    assert flink.requests.count(config_path) == 1  # a settled job's answer is kept, storage or not
+    assert [e["max_state_size_bytes"] for e in published if e["kind"] == "job_status"] == [None, None]
