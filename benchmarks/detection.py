@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pyspark.sql.streaming import StreamingQueryListener
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -54,6 +53,7 @@ from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from benchmarks.fleet_publisher import encoded, publish, target  # noqa: E402
 from pipelines.detection.job import start_detection  # noqa: E402
+from pipelines.detection.observability import ProgressListener  # noqa: E402
 from pipelines.detection.scoring import ChampionCache  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
 from pipelines.spark_session import build_spark  # noqa: E402
@@ -235,7 +235,7 @@ def cpu(running: list[tuple[int, str | None]], publisher: int) -> dict[str, floa
     return usage
 
 
-class BatchRecorder(StreamingQueryListener):
+class BatchRecorder(ProgressListener):
     """Every micro-batch of the run: (batch id, input rows, seconds, state rows)."""
 
     def __init__(self):
