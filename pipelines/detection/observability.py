@@ -43,8 +43,10 @@ class ProgressListener(StreamingQueryListener):
     ``fromJson``; the listener sees the same ``QueryProgressEvent``, its rates rounded to
     0.1 row/s as Spark's JSON has them."""
 
+    # PySpark's private hook (pinned 4.3): what StreamingQueryManager.addListener hands to the
+    # JVM. tests/pipelines/detection/test_observability.py fails if an upgrade bypasses it.
     @property
-    def _jlistener(self) -> Any:  # what StreamingQueryManager.addListener hands to the JVM
+    def _jlistener(self) -> Any:
         from pyspark import SparkContext
 
         if not hasattr(self, "_jlistenerobj"):
