@@ -56,6 +56,7 @@ from pipelines.detection.job import start_detection  # noqa: E402
 from pipelines.detection.observability import ProgressListener  # noqa: E402
 from pipelines.detection.scoring import ChampionCache  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
+from pipelines.io.kafka_stream import process_all_published  # noqa: E402
 from pipelines.spark_session import build_spark  # noqa: E402
 
 MINUTE = 60_000
@@ -467,10 +468,10 @@ def rotation(spark, config, live_jobs: int, slices: int, out) -> None:
             part = [e for e in events if k * slice_ms <= e["ts"] - start < (k + 1) * slice_ms]
             publish(target(cfg), encoded(part))
             started = time.perf_counter()
-            job.query.processAllAvailable()
+            process_all_published(job.query, cfg, cfg.topics.input)
             elapsed = time.perf_counter() - started
             time.sleep(2.5)  # a batch without data fires the timers of the advanced watermark
-            job.query.processAllAvailable()
+            process_all_published(job.query, cfg, cfg.topics.input)
             state = job.query.lastProgress["stateOperators"][0]["numRowsTotal"]
             seen |= {e["job_id"] for e in part}
             out(f"| {(k + 1) * 10} min | {len(part):,} | {elapsed:.1f} | {len(part) / elapsed:,.0f} | {len(seen):,} | "

@@ -23,17 +23,10 @@ from pipelines.detection.job import DETECTION_QUERY, start_detection
 from pipelines.detection.report import compare
 from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
+from pipelines.io.kafka_stream import has_read_to, topic_end_offsets
 from pipelines.simulator.publish import publish_to_kafka
 
 FLEET_SEED_OFFSET = 1000  # never the jobs the initial models were trained on
-
-
-def _end_offsets(config: SentinelConfig, topic: str) -> dict[int, int]:
-    consumer = kafka_clients.metadata_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-    try:
-        return kafka_clients.latest_offsets(consumer, topic, kafka_clients.partitions_of(consumer, topic))
-    finally:
-        consumer.close()
 
 
 def run_demo(config: SentinelConfig, fleet: int = 24, seed: int = 0, duration: str = "75m", speed: float = 60.0,
@@ -64,8 +57,8 @@ def run_demo(config: SentinelConfig, fleet: int = 24, seed: int = 0, duration: s
         out(f"  operator knowledge: {override.job_name} warms up for {override.warmup_horizon_s / 60:.0f} min")
     demo_config.spark.checkpoint_location = Path(config.state_dir) / "demo" / run_id / "checkpoints"
     demo_config.kafka.starting_offsets = json.dumps(
-        {str(p): o for p, o in _end_offsets(config, config.topics.input).items()})
-    incidents_start = _end_offsets(config, config.topics.incidents)
+        {str(p): o for p, o in topic_end_offsets(config, config.topics.input).items()})
+    incidents_start = topic_end_offsets(config, config.topics.incidents)
 
     cache = ChampionCache(demo_config)
     cache.require()
@@ -132,11 +125,4 @@ def _trigger_s(config: SentinelConfig) -> float:
 def _caught_up(job, config: SentinelConfig) -> bool:
     """The detection query has read everything on the input topic."""
     progress = next((q.lastProgress for q in job.queries if q.name == DETECTION_QUERY), None)
-    if not progress or not progress.get("sources"):
-        return False
-    end = progress["sources"][0].get("endOffset")
-    if isinstance(end, str):
-        end = json.loads(end)
-    latest = _end_offsets(config, config.topics.input)
-    topic_offsets = (end or {}).get(config.topics.input, end or {})
-    return all(int(topic_offsets.get(str(p), -1)) >= o for p, o in latest.items())
+    return has_read_to(progress, config.topics.input, topic_end_offsets(config, config.topics.input))

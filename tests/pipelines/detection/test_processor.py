@@ -17,6 +17,7 @@ from pipelines import simulator
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import DETECTION_QUERY, start_detection, state_partitions
 from pipelines.detection.scoring import ChampionCache
+from pipelines.io.kafka_stream import process_all_published
 from tests.feature_store.test_compute import as_a_collector_reports
 from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
 
@@ -30,7 +31,7 @@ def run_in_chunks(spark, config, chunks):
     try:
         for chunk in chunks:
             publish(config, chunk)
-            job.query.processAllAvailable()
+            process_all_published(job.query, config, config.topics.input)
         progress = job.query.recentProgress
     finally:
         job.stop()
@@ -124,7 +125,7 @@ def test_state_is_kept_for_live_jobs_not_for_jobs_ever_seen(spark, detection_con
     try:
         for chunk in chunks:
             publish(config, chunk)
-            job.query.processAllAvailable()
+            process_all_published(job.query, config, config.topics.input)
             state_rows.append(job.query.lastProgress["stateOperators"][0]["numRowsTotal"])
     finally:
         job.stop()

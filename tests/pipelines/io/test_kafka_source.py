@@ -15,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_source import KafkaPartitionRange, _rate_limited, split_evenly
-from pipelines.io.kafka_stream import KAFKA_COLUMNS, kafka_stream_writer, read_kafka_stream
+from pipelines.io.kafka_stream import KAFKA_COLUMNS, kafka_stream_writer, process_all_published, read_kafka_stream
 from tests.conftest import PROJECT_ROOT
 
 
@@ -216,7 +216,7 @@ def test_stop_and_restart_on_the_same_checkpoint_while_records_arrive(spark, con
         time.sleep(1)
         stop_producing.set()
         producer_thread.join()
-        query.processAllAvailable()
+        process_all_published(query, config, topic)
         query.stop()
     finally:
         stop_producing.set()

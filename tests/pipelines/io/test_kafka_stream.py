@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipelines.config import ConfigError
-from pipelines.io.kafka_stream import _format_and_options
+from pipelines.io.kafka_stream import _format_and_options, has_read_to, offsets_read
 from tests.conftest import config_for
 
 
@@ -77,3 +77,16 @@ def test_spark_connector_refuses_a_key_it_cannot_read(tmp_path):
                         kafka__security__ssl_keyfile=str(tmp_path / "client.key"))
     with pytest.raises(ConfigError, match="one PEM file; put both in ssl_certfile"):
         _format_and_options(config)
+
+
+def test_the_offsets_a_query_read_come_from_either_connectors_progress():
+    python_source = {"sources": [{"endOffset": {"0": 5, "1": 7}}]}
+    spark_source = {"sources": [{"endOffset": json.dumps({"metrics": {"0": 5, "1": 7}})}]}
+    for progress in (python_source, spark_source):
+        assert offsets_read(progress, "metrics") == {0: 5, 1: 7}
+        assert has_read_to(progress, "metrics", {0: 5, 1: 7})
+        assert not has_read_to(progress, "metrics", {0: 5, 1: 8})
+        assert not has_read_to(progress, "metrics", {0: 5, 1: 7, 2: 1})  # a partition it has not read
+    # Before the first batch: nothing read, which is behind any end but an empty topic's.
+    assert offsets_read(None, "metrics") == {} and has_read_to(None, "metrics", {})
+    assert not has_read_to({"sources": []}, "metrics", {0: 1})
