@@ -507,6 +507,8 @@ def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | N
 # are frozen as they are made (frozen_as_made): the collections after tasks had walked 22,000-370,000
 # objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md).
 COLLECTION_AFTER_S = 0.5  # PySpark's collection, right after the task, comes first as a rule
+RELEASED_AT_ONCE = 50  # stale parsed states freed at once between tasks: a few milliseconds
+GARBAGE_HELD_AT_MOST = 5_000  # stale parsed states (tens of KiB each) left for between tasks
 COLLECTION_AT_LEAST_EVERY_S = 60.0
 
 
@@ -522,6 +524,9 @@ class _CollectorBetweenTasks:
         self.enabled_before: bool | None = None  # before the first task since the last freeze
         self.collected_at = time.monotonic()
         self.watching = False
+        # What tasks let go of that takes long to free (stale parsed states: half a thousand
+        # objects each), freed between tasks instead (release).
+        self.garbage: list = []
 
     def task_started(self) -> None:
         with self.lock:
@@ -536,10 +541,13 @@ class _CollectorBetweenTasks:
     def task_ended(self) -> threading.Timer | None:
         """Collect a moment from now, on a thread (returned, started), unless a task runs then or a
         collection came first (PySpark's, after every task); now, in the task, if none came for a
-        while (tasks back to back), so that cyclic garbage does not pile up."""
+        while (tasks back to back), so that cyclic garbage does not pile up. Likewise what was
+        handed to :meth:`free_later`: now if it has grown past a bound."""
         with self.lock:
             self.tasks -= 1
             overdue = time.monotonic() - self.collected_at > COLLECTION_AT_LEAST_EVERY_S
+        if len(self.garbage) > GARBAGE_HELD_AT_MOST:
+            self.release()
         if overdue:
             self.collect()
             return None
@@ -562,7 +570,19 @@ class _CollectorBetweenTasks:
         yield
         gc.freeze()
 
+    def free_later(self, thing: object) -> None:
+        """Within a task: drop ``thing`` between tasks, not now (freeing it is slow, and nothing
+        else holds it)."""
+        self.garbage.append(thing)
+
+    def release(self) -> None:
+        """Free what tasks handed to :meth:`free_later`, a few at a time, stopping as soon as a
+        task starts (its end releases the rest)."""
+        while self.garbage and not self.tasks:
+            del self.garbage[-RELEASED_AT_ONCE:]
+
     def collect(self) -> None:
+        self.release()
         with self.lock:
             if self.tasks or self.enabled_before is None:
                 return  # a task runs (its end collects what both made), or a collection came first
@@ -595,16 +615,25 @@ COLLECTOR = _CollectorBetweenTasks()
 class _ParsedStates:
     """The job states this Python worker wrote, parsed, by job and the version written (a random
     number stored beside the job's due time in its bucket). Parsing a state costs more than the
-    rest of a job's micro-batch; a worker that handled a bucket last time handles it again as a
-    rule. A state is taken out while a batch uses it and kept again only when that batch writes
-    it, so a failed batch leaves nothing behind."""
+    rest of a job's micro-batch; a worker that handled a bucket last time handles it again about
+    every other micro-batch (Spark hands a task to whichever worker is idle). A state is taken out
+    while a batch uses it and kept again only when that batch writes it, so a failed batch leaves
+    nothing behind; a copy found stale is handed to ``collector`` to be freed between tasks."""
 
-    def __init__(self):
+    def __init__(self, collector: _CollectorBetweenTasks):
         self.states: OrderedDict[str, tuple[int, FlinkJobState]] = OrderedDict()
+        self.collector = collector
 
     def take(self, name: str, version: int | None) -> FlinkJobState | None:
         kept = self.states.pop(name, None)
-        return kept[1] if kept is not None and version is not None and kept[0] == version else None
+        if kept is None:
+            return None
+        if version is not None and kept[0] == version:
+            return kept[1]
+        # Stale (another worker wrote the job since): freeing it took 6-7 % of a stateful worker's
+        # time in an aged fleet (py-spy), so it is freed between tasks.
+        self.collector.free_later(kept)
+        return None
 
     def keep(self, name: str, version: int, job: FlinkJobState, limit: int) -> None:
         if limit <= 0:
@@ -614,7 +643,7 @@ class _ParsedStates:
             self.states.popitem(last=False)  # the least recently written
 
 
-_PARSED = _ParsedStates()
+_PARSED = _ParsedStates(COLLECTOR)
 
 
 def _outputs(reading: Reading) -> Iterator[Row]:

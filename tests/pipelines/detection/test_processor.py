@@ -139,23 +139,50 @@ def test_state_is_kept_for_live_jobs_not_for_jobs_ever_seen(spark, detection_con
     assert len(logged) == len(features_for_events(events))
 
 
-def test_a_worker_reuses_a_parsed_state_only_while_the_store_holds_the_version_it_wrote():
+def test_a_worker_reuses_a_parsed_state_only_while_the_store_holds_the_version_it_wrote(collector):
     from pipelines.detection.flink_job import FlinkJobState
     from pipelines.detection.processor import _ParsedStates
 
-    parsed, job = _ParsedStates(), FlinkJobState()
+    parsed, job = _ParsedStates(collector), FlinkJobState()
     parsed.keep("a", 7, job, limit=2)
     assert parsed.take("a", 7) is job
     # Taken out while a batch uses it: a batch that fails before writing leaves nothing behind.
     assert parsed.take("a", 7) is None
     parsed.keep("a", 8, job, limit=2)
+    collector.task_started()
     assert parsed.take("a", 9) is None  # another worker wrote it since
     assert parsed.take("a", 8) is None  # ... and the stale copy is gone
+    assert [kept for _, kept in collector.garbage] == [job]  # to be freed between tasks
+    collector.release()
+    assert collector.garbage  # not while the task runs
+    collector.task_ended().cancel()
+    collector.release()
+    assert collector.garbage == []
     for name, version in (("a", 1), ("b", 2), ("c", 3)):
         parsed.keep(name, version, FlinkJobState(), limit=2)
     assert parsed.take("a", 1) is None and parsed.take("b", 2) is not None  # the least recently written went
     parsed.keep("d", 4, FlinkJobState(), limit=0)
     assert parsed.take("d", 4) is None  # 0: nothing kept
+
+
+def test_stale_states_are_freed_between_tasks_a_few_at_a_time_or_at_a_tasks_end_past_a_bound(collector, monkeypatch):
+    from pipelines.detection import processor
+
+    collector.task_started()
+    for i in range(3 * processor.RELEASED_AT_ONCE):
+        collector.free_later([i])
+    collector.task_ended().join(timeout=30)  # the thread's, a moment after the task
+    assert collector.garbage == []
+    monkeypatch.setattr(processor, "COLLECTION_AFTER_S", 30.0)  # the thread: not in this test
+    collector.task_started()
+    for i in range(processor.GARBAGE_HELD_AT_MOST):
+        collector.free_later([i])
+    collector.task_ended().cancel()
+    assert len(collector.garbage) == processor.GARBAGE_HELD_AT_MOST  # at the bound: left for later
+    collector.task_started()
+    collector.free_later(["one more"])
+    collector.task_ended().cancel()
+    assert collector.garbage == []  # past it (tasks back to back): freed at the task's end
 
 
 def test_the_input_is_keyed_by_job_with_the_event_time_of_its_top_level_ts(spark):
