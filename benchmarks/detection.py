@@ -507,6 +507,7 @@ def main() -> None:
         config.stack.start_mlflow_server = False
         stack = EmbeddedStack(config)
         stack.up(mlflow=False)
+        spark = None
         try:
             print(f"machine: {machine()}; {time.strftime('%Y-%m-%d')}", flush=True)
             print(calibration_line("start"), flush=True)
@@ -528,6 +529,10 @@ def main() -> None:
                 rotation(spark, config, args.live_jobs, args.slices, out)
             print(calibration_line("end"), flush=True)
         finally:
+            # Before the temporary folder goes: the state store's maintenance thread may still
+            # be writing a snapshot into it (a run ended in rmtree's "Directory not empty").
+            if spark is not None:
+                spark.stop()
             stack.down()
 
 
