@@ -207,6 +207,27 @@ def memory(running: list[tuple[int, str | None]]) -> dict[str, int]:
     return usage
 
 
+def jvm_memory(spark, last_progress: dict | None) -> dict[str, int]:
+    """Where the JVM's resident memory goes, as the JVM and the state store count it: the heap
+    committed, the heap live after its last collection (what a leak would grow; the committed heap
+    may grow up to the driver's memory without one), the JVM's other committed pools (metaspace,
+    code cache), its direct buffers, and RocksDB's own memory (its block cache, memtables and
+    readers, from the query's last progress). What the resident memory has beyond them is native
+    memory none of them counts (malloc's arenas, Arrow's, the JIT's)."""
+    management = spark._jvm.java.lang.management.ManagementFactory
+    heap = management.getMemoryMXBean().getHeapMemoryUsage()
+    after_gc = 0
+    for pool in management.getMemoryPoolMXBeans():
+        if str(pool.getType()) == "Heap memory" and pool.getCollectionUsage() is not None:
+            after_gc += pool.getCollectionUsage().getUsed()
+    direct = sum(b.getMemoryUsed() for b in management.getPlatformMXBeans(
+        spark._jvm.java.lang.Class.forName("java.lang.management.BufferPoolMXBean")))
+    stores = (last_progress or {}).get("stateOperators") or []
+    return {"heap committed": heap.getCommitted(), "heap after gc": after_gc,
+            "non-heap committed": management.getMemoryMXBean().getNonHeapMemoryUsage().getCommitted(),
+            "direct": direct, "rocksdb": sum(s.get("memoryUsedBytes", 0) for s in stores)}
+
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -308,7 +329,8 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             last = job.query.lastProgress
             state = last["stateOperators"][0]["numRowsTotal"] if last and last["stateOperators"] else 0
             running = processes(exclude={publisher.pid})  # one walk of /proc for both
-            run.samples.append((time.monotonic() - t0, state, memory(running), cpu(running, publisher.pid)))
+            run.samples.append((time.monotonic() - t0, state, {**memory(running), **jvm_memory(spark, last)},
+                                cpu(running, publisher.pid)))
             if job.query.exception() is not None:
                 raise job.query.exception()
         time.sleep(15)  # the last events' batches
@@ -347,7 +369,9 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
         out(f"| {seconds / 60:.0f} | {np.median(took):.2f} | {max(took):.2f} | {np.median(events):,.0f} | "
             f"{np.median(offsets):,.0f} | {state:,} | "
             f"{mem['driver python'] / 2**20:,.0f} | {mem['jvm'] / 2**20:,.0f} | {mem['python workers'] / 2**20:,.0f} |")
+    jvm_table(run.samples, out)
     cpu_table(run.samples, out)
+    first_batches(recorder.progress[:5], out)
     lags, incidents = incident_latency(cfg)
     if backlog_n:  # the backlog's incidents are about the past
         now = [i for i, e in enumerate(incidents) if e["updated_at"] >= first_event_ms]
@@ -367,6 +391,27 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
             out(f"<!-- {lags[i]:.1f}s: {e['event']} {e['family']} {e['job_name']}, "
                 f"{(e['updated_at'] - first_event_ms) / 1000:.0f}s into the fleet's events -->")
     return lags
+
+
+def jvm_table(samples: list, out) -> None:
+    """The JVM's resident memory a minute, split as :func:`jvm_memory` counts it."""
+    out("\n| minute | JVM resident MiB | heap committed | heap live after GC | non-heap committed | direct buffers "
+        "| RocksDB | the rest (native) |")
+    out("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for seconds, _, mem, _ in samples[5::6]:
+        counted = mem["heap committed"] + mem["non-heap committed"] + mem["direct"] + mem["rocksdb"]
+        out(f"| {seconds / 60:.0f} | " + " | ".join(f"{mem[k] / 2**20:,.0f}" for k in (
+            "jvm", "heap committed", "heap after gc", "non-heap committed", "direct", "rocksdb"))
+            + f" | {(mem['jvm'] - counted) / 2**20:,.0f} |")
+
+
+def first_batches(progress: list[dict], out) -> None:
+    """The first micro-batches with input, each with its parts (Spark's ``durationMs`` and the state
+    store's): what makes a start slower than the batches after it."""
+    for p in progress:
+        out(f"<!-- batch {p['batch']}: {p['rows']:,} events, {p['durationMs'].get('triggerExecution', 0):,} ms: "
+            + ", ".join(f"{k} {v:,}" for k, v in sorted(p["durationMs"].items()) if k != "triggerExecution")
+            + "; state store: " + ", ".join(f"{k} {v:,}" for k, v in sorted(p["store"].items())) + " -->")
 
 
 def cpu_table(samples: list, out) -> None:
