@@ -394,7 +394,9 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
 
 
 def jvm_table(samples: list, out) -> None:
-    """The JVM's resident memory a minute, split as :func:`jvm_memory` counts it."""
+    """The JVM's resident memory a minute, split as :func:`jvm_memory` counts it. The committed heap
+    is counted whole although pages it has not touched yet are not resident: the rest is a lower
+    bound of the native memory nothing else counts."""
     out("\n| minute | JVM resident MiB | heap committed | heap live after GC | non-heap committed | direct buffers "
         "| RocksDB | the rest (native) |")
     out("|---:|---:|---:|---:|---:|---:|---:|---:|")
