@@ -215,7 +215,8 @@ def jvm_memory(spark, last_progress: dict | None) -> dict[str, int]:
     readers, from the query's last progress). What the resident memory has beyond them is native
     memory none of them counts (malloc's arenas, Arrow's, the JIT's)."""
     management = spark._jvm.java.lang.management.ManagementFactory
-    heap = management.getMemoryMXBean().getHeapMemoryUsage()
+    memory_bean = management.getMemoryMXBean()
+    heap = memory_bean.getHeapMemoryUsage()
     after_gc = 0
     for pool in management.getMemoryPoolMXBeans():
         if str(pool.getType()) == "Heap memory" and pool.getCollectionUsage() is not None:
@@ -224,7 +225,7 @@ def jvm_memory(spark, last_progress: dict | None) -> dict[str, int]:
         spark._jvm.java.lang.Class.forName("java.lang.management.BufferPoolMXBean")))
     stores = (last_progress or {}).get("stateOperators") or []
     return {"heap committed": heap.getCommitted(), "heap after gc": after_gc,
-            "non-heap committed": management.getMemoryMXBean().getNonHeapMemoryUsage().getCommitted(),
+            "non-heap committed": memory_bean.getNonHeapMemoryUsage().getCommitted(),
             "direct": direct, "rocksdb": sum(s.get("memoryUsedBytes", 0) for s in stores)}
 
 
