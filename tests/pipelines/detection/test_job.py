@@ -196,8 +196,8 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
     """Stopped by SIGTERM as systemd and Kubernetes stop a service, restarted, then killed with -9
     mid-batch and restarted again: the job publishes every incident the events call for and none
     they do not. SIGTERM stops cleanly: the batch under way finishes, the producers are flushed and
-    closed, the last metrics written, exit code 0. (One job stopped both ways: each restart is a
-    Spark JVM of its own, the suite's costliest step.)"""
+    closed, the last metrics written, exit code 0. (One job stopped both ways: every run starts a
+    Spark JVM of its own, and the two stops share one replay and three runs, not two and four.)"""
     import os
     import signal
     import subprocess
