@@ -273,6 +273,7 @@ class _RowRecords:
 
     def __init__(self, rows: pd.DataFrame, positions: list[int]):
         self._rows, self._positions = rows, sorted(set(positions))
+        self._names: list[str] = []
         self._values: list[list] | None = None
         self._index: dict[int, int] = {}
 
@@ -280,11 +281,12 @@ class _RowRecords:
         if self._values is None:
             # Python values, column by column, as ``DataFrame.to_dict("records")`` gives them.
             taken = self._rows.iloc[self._positions]
-            self._values = [taken[name].tolist() for name in taken.columns]
+            self._names = list(taken.columns)  # a list: iterating a pandas Index on every call costs
+            self._values = [taken[name].tolist() for name in self._names]
             self._index = {p: k for k, p in enumerate(self._positions)}
         k = self._index[position]
         # NaN is the only value unequal to itself: the cheap test, on every column.
-        return {name: (v if (v := values[k]) == v else None) for name, values in zip(self._rows.columns, self._values)}
+        return {name: (v if (v := values[k]) == v else None) for name, values in zip(self._names, self._values)}
 
 
 def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule]) -> None:
