@@ -19,13 +19,18 @@ os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["GX_ANALYTICS_ENABLED"] = "false"
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# pytest-xdist's workers run as `python -c`, so their __main__ has no __file__. PySpark's Connect
+# package takes that for its own doctest run and calls sys.exit(0) when grpc is missing; Great
+# Expectations imports it (expecting an ImportError it handles), so a worker would exit mid-collection.
+if os.environ.get("PYTEST_XDIST_WORKER") and not hasattr(sys.modules["__main__"], "__file__"):
+    sys.modules["__main__"].__file__ = "<pytest-xdist worker>"
 
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines.config import SentinelConfig, TopicsConfig, load_config  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-LAB_CORPUS = PROJECT_ROOT / "data" / "lab"  # the committed real-Flink corpus
+from tests import champions  # noqa: E402
+from tests.champions import LAB_CORPUS, PROJECT_ROOT, TRAINING_GRID  # noqa: E402,F401  (tests import them from here)
 
 
 def debian_binary(name: str, package: str) -> str:
@@ -106,38 +111,63 @@ def spark(broker_config: SentinelConfig):
 
 
 # --- trained champions ----------------------------------------------------------------------------
+# Trained once per test run by tests/champions.py in a process of its own, started by the first test
+# of a process whose collected tests need them; those tests run last, so the training overlaps the
+# others (and pytest-xdist's workers share it).
+CHAMPION_FIXTURES = {"trained_store", "trained_datasets"}
 
-TRAINING_GRID = {"learning_rate": (0.1,), "max_depth": (4,)}
+
+def _needs_champions(item) -> bool:
+    return not CHAMPION_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Files whose tests need the champions go last, each file kept whole and in its order (module
+    fixtures are made once; pytest-xdist hands out whole files, ``--dist loadfile``)."""
+    needing = {item.path for item in items if _needs_champions(item)}
+    items.sort(key=lambda item: item.path in needing)
+
+
+def _champions_root(tmp_path_factory) -> Path:
+    base = tmp_path_factory.getbasetemp()
+    # pytest-xdist gives each worker its own base folder inside the run's folder.
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "champions"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def champions_in_background(request, tmp_path_factory):
+    """Start the champions' training now if this process's tests need it and no other process has."""
+    process = None
+    if any(_needs_champions(item) for item in request.session.items):
+        process = champions.start(_champions_root(tmp_path_factory))
+    yield
+    if process is not None and process.poll() is None:
+        if request.session.shouldfail or request.session.shouldstop:
+            process.kill()
+        process.wait()  # another worker may still be waiting for it
 
 
 @pytest.fixture(scope="session")
 def trained_datasets(tmp_path_factory) -> list[Path]:
     """What `sentinel train` trains on by default: a simulated dataset and the real-Flink corpus."""
-    from pipelines import simulator
-
-    root = tmp_path_factory.mktemp("datasets")
-    simulator.write_dataset(root / "simulated", list(simulator.CATALOGUE), jobs_per_scenario=3, seed=5,
-                            duration_ms=90 * 60_000)
-    return [root / "simulated", LAB_CORPUS]
+    root = _champions_root(tmp_path_factory)
+    champions.wait_for(root, champions.DATASETS_DONE)
+    return [champions.simulated_dataset(root), LAB_CORPUS]
 
 
 @pytest.fixture(scope="session")
-def trained_store(tmp_path_factory, spark, trained_datasets):
+def trained_store(tmp_path_factory) -> SentinelConfig:
     """The config of an MLflow store whose five detectors have ``champion`` aliases.
 
-    Trained once per session by the project's own workflow (simulated and real-Flink datasets,
-    offline store, GX validation, MLflow registration, the gate); tests never move its aliases.
+    Trained by the project's own workflow (simulated and real-Flink datasets, offline store, GX
+    validation, MLflow registration, the gate); tests never move its aliases.
     """
     from models import registry
-    from models.training import run_training
 
-    config = config_for(tmp_path_factory.mktemp("trained") / "state")
-    outcomes = run_training(spark, config, trained_datasets, grid=TRAINING_GRID, progress=lambda _: None)
+    root = _champions_root(tmp_path_factory)
+    champions.wait_for(root, champions.DONE)
+    config = config_for(champions.store_state_dir(root))
     registry.use_config(config)
-    for outcome in outcomes:
-        # The gate is tested elsewhere; here every family needs a champion to score with.
-        if not outcome.promoted:
-            registry.set_alias(outcome.registered_name, registry.CHAMPION, outcome.version)
     return config
 
 
