@@ -1,4 +1,5 @@
-"""Shared fixtures: one real broker and one real local Spark session per test run.
+"""Shared fixtures: one real broker and one real local Spark session per test process (pytest-xdist
+runs two), and the run's trained champions (tests/champions.py).
 
 The broker is the project's own embedded-stack launcher on a free port with a temporary state
 folder; every test gets topics of its own, so tests never see each other's records.
