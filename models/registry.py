@@ -176,11 +176,16 @@ def alias_version(registered_name: str, alias: str, raise_on_unreachable: bool =
         raise ModelUnavailable(f"model registry {mlflow.get_registry_uri()}: {exc}") from exc
 
 
-def load_detector(registered_name: str, alias: str) -> LoadedDetector:
-    """``models:/<name>@<alias>``: the detector, its post-rule and its metadata."""
+def load_detector(registered_name: str, alias: str, check_environment: bool = True) -> LoadedDetector:
+    """``models:/<name>@<alias>``: the detector, its post-rule and its metadata.
+
+    ``check_environment``: MLflow warns when the installed packages or Python differ from the
+    model's; the check scans every installed distribution (about 1.5 s of CPU in a fresh
+    process). A process whose environment the caller has checked already can skip it."""
     version = alias_version(registered_name, alias)
     if version is None:
         raise ModelUnavailable(f"no model {registered_name!r} with alias {alias!r} in {mlflow.get_registry_uri()}; "
                                "train one with `sentinel train`")
-    loaded = mlflow.pyfunc.load_model(f"models:/{registered_name}@{alias}").unwrap_python_model()
+    loaded = mlflow.pyfunc.load_model(f"models:/{registered_name}@{alias}",
+                                      suppress_warnings=not check_environment).unwrap_python_model()
     return LoadedDetector(registered_name, version, alias, loaded.detector, loaded.post_rule, loaded.metadata)

@@ -12,7 +12,7 @@ import pytest
 from models import registry
 from models.detectors import DetectorConfig, FamilyDetector
 from models.post_rule import PostRule
-from pipelines.detection.scoring import ChampionCache, score_rows
+from pipelines.detection.scoring import ChampionCache, score_rows, worker_champions
 from tests.conftest import config_for
 
 
@@ -84,3 +84,19 @@ def test_an_unreachable_registry_keeps_the_models_and_says_so(store, caplog, mon
     # With nothing loaded yet, start-up fails and names the registry.
     with pytest.raises(registry.ModelUnavailable, match="cannot be reached"):
         ChampionCache(store).require()
+
+
+def test_the_driver_checks_the_models_requirements_and_the_python_workers_do_not(store, caplog):
+    """MLflow's check of the installed packages against a model's costs a Python worker about
+    1.5 s of CPU; the driver's cache keeps it (its warning is in the job's log), a worker's skips it."""
+    registry.set_alias("sentinel-skew", "champion", _register_skew(0.5, seed=1))
+    [requirements] = list(store.state_dir.rglob("requirements.txt"))  # the one model logged
+    requirements.write_text(requirements.read_text().rstrip("\n") + "\nscikit-learn==0.0.1\n")  # what no environment has
+    with caplog.at_level(logging.WARNING, logger="mlflow"):
+        ChampionCache(store).require()
+    assert "scikit-learn (current:" in caplog.text and "required: scikit-learn==0.0.1" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mlflow"):
+        worker = worker_champions(store)
+        assert worker.check_environment is False and worker.require()["skew"].post_rule.threshold == 0.5
+    assert "scikit-learn" not in caplog.text
