@@ -20,20 +20,18 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import orjson
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from feature_store import offline_store
 from models.registry import ModelUnavailable
 from pipelines.config import ConfigError, SentinelConfig
 from pipelines.detection.data_quality import BackgroundValidator, flatten
 from pipelines.detection.observability import MetricsListener
-from pipelines.detection.processor import (DEAD_LETTER, FEATURES, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
-                                           detect, load_models_on_workers, read_feature_rows)
+from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
+                                         feature_log_writer)
+from pipelines.detection.processor import detect, load_models_on_workers
 from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
@@ -73,7 +71,7 @@ class DetectionSinks:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         # One Spark action: the stateful stage runs once; each partition writes its feature rows.
-        rows = batch.mapInArrow(_feature_log_writer(self.feature_log, batch_id), OUTPUT_SCHEMA).collect()
+        rows = batch.mapInArrow(feature_log_writer(self.feature_log, batch_id), OUTPUT_SCHEMA).collect()
         letters = [r for r in rows if r["kind"] == DEAD_LETTER]
         incidents = [orjson.loads(r["payload"]) for r in rows if r["kind"] == INCIDENT]
         self._publish([(self.config.topics.dead_letter, r["key"], r["payload"]) for r in letters]
@@ -129,32 +127,6 @@ class DetectionSinks:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.close()
-
-
-def _feature_log_writer(root: Location | None, batch_id: int) -> Callable[[Iterator[pa.RecordBatch]],
-                                                                          Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: the partition's feature rows to the feature log (a file per
-    batch, partition and date, rewritten by a re-run), every other row passed on."""
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        # The worker's collector (imported here: the function is pickled by value, the collector
-        # holds a lock). What the worker holds (the champions its warm-up loaded, their libraries)
-        # is frozen after the task, not walked by PySpark's collection after every task (270-400 ms).
-        from pipelines.detection.processor import COLLECTOR
-        COLLECTOR.task_started()
-        try:
-            tables = []
-            for batch in batches:
-                features = pc.equal(batch.column("kind"), FEATURES)
-                tables += [read_feature_rows(p) for p in batch.filter(features).column("payload").to_pylist()]
-                yield batch.filter(pc.invert(features))
-            if tables and root is not None:
-                offline_store.append_feature_log(pa.concat_tables(tables), root, batch_id,
-                                                 TaskContext.get().partitionId())
-        finally:
-            COLLECTOR.task_ended()
-    return write
 
 
 @dataclass
@@ -283,8 +255,9 @@ def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> list
                       lines[0] if lines else repr(exc))
         raise ModelUnavailable(f"the executors' Python workers could not load the champions from "
                                f"{config.mlflow.registry_uri}: {reason.strip()[:500]}") from exc
-    log.info("%d Python workers loaded the champions in %.1fs: %s", len(workers), time.monotonic() - started,
-             workers[0]["models"] if workers else "-")
+    scoring = [w for w in workers if w["models"] is not None]
+    log.info("%d Python workers loaded the champions in %.1fs (%d more ready for the feature log): %s", len(scoring),
+             time.monotonic() - started, len(workers) - len(scoring), scoring[0]["models"] if scoring else "-")
     return workers
 
 

@@ -36,44 +36,35 @@ bucket still names that version (parsing a state cost more than the rest of the 
 Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``sample``,
 ``models``), ``key`` (the incident id, the dead letter's record key, the late reason),
 ``payload`` (JSON; for ``features`` an Arrow stream of up to 20,000 of the partition's feature rows) and
-``count``. :mod:`pipelines.detection.job` writes them to their sinks.
+``count`` (:mod:`pipelines.detection.outputs`). :mod:`pipelines.detection.job` writes them to
+their sinks; the feature log writer's Python workers, which load no models, are not this one's.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import random
-import threading
-import time
 from collections import OrderedDict
-from contextlib import contextmanager
 from typing import Iterator
 
 import orjson
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.stateful_processor import MapState, StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-from feature_store.definitions import feature_row_schema
 from pipelines.detection.flink_job import (FlinkJobState, ReadRules, Reading, Record, decide, feature_frame,
                                            job_key)
+from pipelines.detection.outputs import (DEAD_LETTER, FEATURE_ROWS_PER_PAYLOAD, FEATURES, INCIDENT, LATE, MODELS,
+                                         OUTPUT_SCHEMA, SAMPLE, WORKER_SCHEMA, feature_log_writer_ready,
+                                         feature_rows_payload)
 from pipelines.detection.policy import PolicySettings
 from pipelines.detection.scoring import worker_champions
 from pipelines.detection.validation import EARLIEST_TS
+from pipelines.detection.worker_gc import COLLECTOR, CollectorBetweenTasks
 
-INCIDENT, DEAD_LETTER, FEATURES, LATE, SAMPLE, MODELS = "incident", "dead_letter", "features", "late", "sample", "models"
-OUTPUT_SCHEMA = StructType([StructField("kind", StringType()), StructField("key", StringType()),
-                            StructField("payload", BinaryType()), StructField("count", LongType())])
 STATE_SCHEMA = StructType([StructField("state", BinaryType())])
 JOB_KEY_SCHEMA = StructType([StructField("job", StringType())])
-FEATURE_ROW_ARROW_SCHEMA = to_arrow_schema(feature_row_schema())
-# Feature rows per output row: one JVM value each, bounded (a 16,000-job backlog in one batch was
-# more than the JVM's heap as one value).
-FEATURE_ROWS_PER_PAYLOAD = 20_000
 
 
 # The input topic's key, ``<cluster>/<job_id>`` (a Flink JobID is 32 hex digits).
@@ -215,26 +206,22 @@ def spark_int_hash(value: int, seed: int = 42) -> int:
     return h1 - (1 << 32) if h1 >= 1 << 31 else h1
 
 
-WORKER_SCHEMA = StructType([StructField("pid", LongType()), StructField("models", StringType())])
-
-
 def load_models_on_workers(spark, config) -> list[dict]:
-    """Have the Python workers the detection query will use import the processor and load the
-    champions before its first micro-batch, which otherwise spends 10-15 s on it while the
-    first events wait: a batch query of the same shape (a stateful processor, then a
-    ``mapInArrow`` like the feature log writer's) with a task per shuffle partition. Spark keeps
-    Python workers apart by kind (a stateful processor's are not a ``mapInArrow``'s) and reuses
-    them.
-    Returns each worker's process id and model versions; raises
+    """Have the Python workers the detection query will use import what they run, and the
+    stateful processor's load the champions, before its first micro-batch, which otherwise
+    spends 10-15 s on it while the first events wait: a batch query of the same shape (a
+    stateful processor, then a ``mapInArrow`` in the feature log writer's place) with a task per
+    shuffle partition. Spark keeps Python workers apart by kind (a stateful processor's are not a
+    ``mapInArrow``'s) and reuses them; the feature log writer's load no models.
+    Returns each worker's process id and model versions (None for the writer's); raises
     :class:`~models.registry.ModelUnavailable` when a worker cannot load any model."""
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))  # a stateful task each
     keys = F.array(*[F.lit(k) for k in state_keys(partitions, partitions)])
-    loader = _ModelLoader(config)
     warmed = (spark.range(0, partitions, 1, 1).select(F.element_at(keys, F.col("id").cast("int") + 1).alias("task"))
               .groupBy("task")
-              .transformWithState(statefulProcessor=loader, outputStructType=WORKER_SCHEMA,
+              .transformWithState(statefulProcessor=_ModelLoader(config), outputStructType=WORKER_SCHEMA,
                                   outputMode="Append", timeMode="None")
-              .mapInArrow(loader.pass_on, WORKER_SCHEMA))
+              .mapInArrow(feature_log_writer_ready, WORKER_SCHEMA))
     return [row.asDict() for row in warmed.collect()]
 
 
@@ -248,18 +235,10 @@ class _ModelLoader(StatefulProcessor):
         pass
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:
-        yield Row(**self.load())
-
-    def pass_on(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """As ``mapInArrow``: the rows before, then this worker's."""
-        yield from batches
-        yield pa.RecordBatch.from_pylist([self.load()], schema=to_arrow_schema(WORKER_SCHEMA))
-
-    def load(self) -> dict:
         cache = worker_champions(self.config)
         cache.ready()
-        return {"pid": os.getpid(), "models": orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()})
-                .decode()}
+        yield Row(pid=os.getpid(), models=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()})
+                  .decode())
 
     def close(self) -> None:
         pass
@@ -274,7 +253,7 @@ class DetectionProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         # No cyclic garbage collection while the task runs (it comes back between tasks, see
-        # _CollectorBetweenTasks): a task holds the parsed states of thousands of jobs, which
+        # pipelines/detection/worker_gc.py): a task holds the parsed states of thousands of jobs, which
         # every collection walks, and the states (JSON trees) form no cycles: measured, a state's
         # parse took 1.3 ms with 1,000 others held, 0.3 ms without collections.
         COLLECTOR.task_started()
@@ -357,7 +336,7 @@ class DetectionProcessor(StatefulProcessor):
         self.incidents = decide(jobs, rows, cache.ready(), self.settings)
         for start in range(0, len(rows), FEATURE_ROWS_PER_PAYLOAD):
             chunk = rows.iloc[start:start + FEATURE_ROWS_PER_PAYLOAD]
-            yield Row(kind=FEATURES, key=None, payload=_arrow_stream(chunk), count=len(chunk))
+            yield Row(kind=FEATURES, key=None, payload=feature_rows_payload(chunk), count=len(chunk))
         yield Row(kind=MODELS, key=cache.registry_error,
                   payload=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), count=len(rows))
 
@@ -486,130 +465,6 @@ def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | N
     return [api._receive_proto_message() for _ in calls]
 
 
-# Between tasks, what the worker holds (the parsed states of its jobs: half a million objects for
-# 1,000 jobs; in the feature log writer's workers, the champions and the libraries they load) is
-# left out of the cyclic garbage collector, which would otherwise walk it after every task.
-# PySpark's daemon collects in full after every task of a reused worker (pyspark/daemon.py): in a
-# fleet of 2,000 jobs aged 90 minutes that took 20-21 s a minute of each stateful worker (py-spy) and
-# 11-18 s a minute of each writer worker (gc.callbacks: 26-41 collections of 270-400 ms a minute,
-# none finding garbage). So the end of that collection, which has freed the cyclic garbage the task
-# left, freezes what survived (_CollectorBetweenTasks.after_collection), and only then are automatic
-# collections turned back on. Should no such collection come (a worker not reused, or a PySpark that
-# no longer collects), a moment after the task a thread collects (its end freezes likewise) while the
-# worker waits for its next task (its main thread blocked on the socket, without the GIL). Frozen
-# objects are never walked again: a full collection of them took 1.5 s in both workers at once in a
-# 2,000-job fleet, longer than the gap before the next task, which it held back past its trigger.
-# What that gives up, measured there: a full collection every 90-120 s found 2 to 8 cycles of 5
-# objects among them (importlib_metadata's entry point dictionaries, dropped from a cache after they
-# were frozen). What tasks make holds a few cycles (PySpark's recursive closures: 30-60 objects a
-# task in a 200-job fleet, gc.DEBUG_SAVEALL), collected before anything is frozen. The states a task
-# parses (those another worker wrote last: the two workers swap partitions about every other batch)
-# are frozen as they are made (frozen_as_made): the collections after tasks had walked 22,000-370,000
-# objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md).
-COLLECTION_AFTER_S = 0.5  # PySpark's collection, right after the task, comes first as a rule
-RELEASED_AT_ONCE = 50  # stale parsed states freed at once between tasks: a few milliseconds
-GARBAGE_HELD_AT_MOST = 5_000  # stale parsed states (tens of KiB each) left for between tasks
-COLLECTION_AT_LEAST_EVERY_S = 60.0
-
-
-class _CollectorBetweenTasks:
-    """The cyclic garbage collector of a Python worker that runs detection tasks: off while a task
-    runs; between tasks, once a full collection has freed what the tasks left, what survives is
-    frozen (above)."""
-
-    def __init__(self):
-        # Reentrant: a collection started under it calls after_collection back on the same thread.
-        self.lock = threading.RLock()
-        self.tasks = 0
-        self.enabled_before: bool | None = None  # before the first task since the last freeze
-        self.collected_at = time.monotonic()
-        self.watching = False
-        # What tasks let go of that takes long to free (stale parsed states: half a thousand
-        # objects each), freed between tasks instead (release).
-        self.garbage: list = []
-
-    def task_started(self) -> None:
-        with self.lock:
-            if not self.watching:
-                gc.callbacks.append(self.after_collection)
-                self.watching = True
-            if self.enabled_before is None:
-                self.enabled_before = gc.isenabled()
-            gc.disable()
-            self.tasks += 1
-
-    def task_ended(self) -> threading.Timer | None:
-        """Collect a moment from now, on a thread (returned, started), unless a task runs then or a
-        collection came first (PySpark's, after every task); now, in the task, if none came for a
-        while (tasks back to back), so that cyclic garbage does not pile up. Likewise what was
-        handed to :meth:`free_later`: now if it has grown past a bound."""
-        with self.lock:
-            self.tasks -= 1
-            overdue = time.monotonic() - self.collected_at > COLLECTION_AT_LEAST_EVERY_S
-        if len(self.garbage) > GARBAGE_HELD_AT_MOST:
-            self.release()
-        if overdue:
-            self.collect()
-            return None
-        collection = threading.Timer(COLLECTION_AFTER_S, self.collect)
-        collection.daemon = True
-        collection.start()
-        return collection
-
-    @contextmanager
-    def frozen_as_made(self) -> Iterator[None]:
-        """Within a task: what the block makes, which must be free of cycles (parsed job states,
-        JSON trees), is frozen at its end, not walked by the collection after the task; what the
-        task made before the block is collected first, so that no cyclic garbage is frozen with
-        it (PySpark's own calls leave some: recursive closures of ``Row.asDict`` and
-        ``StructField.getCollationMetadata``, dropped as the calls return)."""
-        if not self.enabled_before:  # the worker had no automatic collections: left as it was
-            yield
-            return
-        gc.collect()
-        yield
-        gc.freeze()
-
-    def free_later(self, thing: object) -> None:
-        """Within a task: drop ``thing`` between tasks, not now (freeing it is slow, and nothing
-        else holds it)."""
-        self.garbage.append(thing)
-
-    def release(self) -> None:
-        """Free what tasks handed to :meth:`free_later`, a few at a time, stopping as soon as a
-        task starts (its end releases the rest)."""
-        while self.garbage and not self.tasks:
-            del self.garbage[-RELEASED_AT_ONCE:]
-
-    def collect(self) -> None:
-        self.release()
-        with self.lock:
-            if self.tasks or self.enabled_before is None:
-                return  # a task runs (its end collects what both made), or a collection came first
-            if self.enabled_before:
-                gc.collect()  # calls after_collection back (unless another thread's collection ran)
-            self._freeze_survivors()
-
-    def after_collection(self, phase: str, info: dict) -> None:
-        """A ``gc.callbacks`` entry: at the end of a full collection between tasks, what survived
-        is frozen and automatic collections are back, as they were before the tasks."""
-        if phase != "stop" or info["generation"] != 2:
-            return
-        with self.lock:
-            self._freeze_survivors()
-
-    def _freeze_survivors(self) -> None:
-        """Under the lock, after a full collection."""
-        if self.tasks or self.enabled_before is None:
-            return  # within a task (frozen_as_made's), or nothing made since the last freeze
-        if self.enabled_before:
-            gc.freeze()
-            gc.enable()
-        self.enabled_before = None
-        self.collected_at = time.monotonic()
-
-
-COLLECTOR = _CollectorBetweenTasks()
 
 
 class _ParsedStates:
@@ -620,7 +475,7 @@ class _ParsedStates:
     while a batch uses it and kept again only when that batch writes it, so a failed batch leaves
     nothing behind; a copy found stale is handed to ``collector`` to be freed between tasks."""
 
-    def __init__(self, collector: _CollectorBetweenTasks):
+    def __init__(self, collector: CollectorBetweenTasks):
         self.states: OrderedDict[str, tuple[int, FlinkJobState]] = OrderedDict()
         self.collector = collector
 
@@ -653,17 +508,3 @@ def _outputs(reading: Reading) -> Iterator[Row]:
         yield Row(kind=LATE, key=reason, payload=None, count=count)
     for value in reading.samples:
         yield Row(kind=SAMPLE, key=None, payload=value, count=1)
-
-
-def _arrow_stream(rows) -> bytes:
-    table = pa.Table.from_pandas(rows.loc[:, FEATURE_ROW_ARROW_SCHEMA.names], schema=FEATURE_ROW_ARROW_SCHEMA,
-                                 preserve_index=False)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def read_feature_rows(payload: bytes) -> pa.Table:
-    """The feature rows of a ``features`` output row."""
-    return pa.ipc.open_stream(payload).read_all()
