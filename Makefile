@@ -29,6 +29,7 @@ bench: java
 	$(BIN)/python benchmarks/stateful_input.py
 	$(BIN)/python benchmarks/novelty_scoring.py
 	$(BIN)/python benchmarks/input_keying.py
+	$(BIN)/python benchmarks/worker_start.py
 
 venv: $(STAMP)
 
