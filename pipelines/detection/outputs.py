@@ -6,9 +6,8 @@ Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``
 ``features`` rows to the feature log and passes every other row on to the driver.
 
 This module imports no models and no scikit-learn, nor anything that does: the feature log
-writer's Python workers import it and nothing heavier (measured: 1.2 s of CPU and 118 MiB for
-its imports in a fresh process, against 8.5 s and 331 MiB for the processor's with the five
-champions loaded). They are not the stateful processor's workers: Spark keeps Python workers
+writer's Python workers import it and nothing heavier (``benchmarks/worker_start.py``: 142 MiB
+resident each, against 356 MiB for the stateful processor's with the five champions loaded). They are not the stateful processor's workers: Spark keeps Python workers
 apart by kind.
 """
 

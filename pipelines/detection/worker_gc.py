@@ -18,8 +18,8 @@ from typing import Iterator
 # after every task of a reused worker (pyspark/daemon.py): in a fleet of 2,000 jobs aged 90 minutes
 # that took 20-21 s a minute of each stateful worker (py-spy) and 11-18 s a minute of each feature
 # log writer's worker (gc.callbacks: 26-41 collections of 270-400 ms a minute, none finding
-# garbage; they held the champions then too). So the end of that collection, which has freed the cyclic garbage the task
-# left, freezes what survived (CollectorBetweenTasks.after_collection), and only then are automatic
+# garbage; they held the champions then too). So the end of that collection, which has freed the
+# cyclic garbage the task left, freezes what survived (CollectorBetweenTasks.after_collection), and only then are automatic
 # collections turned back on. Should no such collection come (a worker not reused, or a PySpark that
 # no longer collects), a moment after the task a thread collects (its end freezes likewise) while the
 # worker waits for its next task (its main thread blocked on the socket, without the GIL). Frozen
