@@ -134,7 +134,7 @@ def test_the_live_feature_log_lands_in_the_store_like_a_backfill(spark, tmp_path
     import pyarrow as pa
 
     from pipelines.detection.flink_job import feature_frame
-    from pipelines.detection.processor import FEATURE_ROW_ARROW_SCHEMA
+    from pipelines.detection.outputs import FEATURE_ROW_ARROW_SCHEMA
 
     job = simulator.simulate_job("backpressure_slow_operator", seed=3, duration_ms=15 * 60_000,
                                  start_ts=T0 + DAY - 3 * 60_000)
