@@ -194,11 +194,12 @@ def _example_rows(loaded):
 
 
 def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, tmp_path):
-    """Stopped by SIGTERM as systemd and Kubernetes stop a service, restarted, then killed with -9
-    mid-batch and restarted again: the job publishes every incident the events call for and none
-    they do not. SIGTERM stops cleanly: the batch under way finishes, the producers are flushed and
-    closed, the last metrics written, exit code 0. (One job stopped both ways: every run starts a
-    Spark JVM of its own, and the two stops share one replay and three runs, not two and four.)"""
+    """Killed with -9 mid-batch, restarted, then stopped by SIGTERM (as systemd and Kubernetes stop
+    a service) while a batch is under way: the job publishes every incident the events call for and
+    none they do not. SIGTERM stops cleanly: the batch under way finishes and is committed, the
+    producers are flushed and closed, the last metrics written, exit code 0. (One job stopped both
+    ways, in two runs: every run starts a Spark JVM of its own. A restart after a clean stop:
+    tests/infra/test_shared_storage.py and tests/pipelines/io/test_kafka_source.py.)"""
     import os
     import signal
     import subprocess
@@ -214,42 +215,59 @@ def test_a_stopped_job_restarts_and_loses_no_incident(spark, detection_config, t
     command = [sys.executable, "-m", "pipelines.cli", "run"]
     log_path = tmp_path / "run.log"
     log = open(log_path, "wb")
-    committed = config.state_dir / "checkpoints" / "detection" / "commits"
+    checkpoint = config.state_dir / "checkpoints" / "detection"
     metrics_file = config.state_dir / "metrics" / "sentinel.prom"
     quarter = len(events) // 4
 
-    def batches_done() -> int:
-        return len([p for p in committed.iterdir() if p.name.isdigit()]) if committed.is_dir() else 0
+    def batches(log_name: str) -> set[int]:
+        folder = checkpoint / log_name
+        return {int(p.name) for p in folder.iterdir() if p.name.isdigit()} if folder.is_dir() else set()
 
-    def run_until_stopped(stop_signal: signal.Signals, part: list[dict]) -> None:
-        """Start the job, give it ``part`` in two halves (the second once a batch of the first is
-        done), and stop it with ``stop_signal`` while a batch is under way."""
-        done_before = batches_done()
-        running = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            publish(config, part[:len(part) // 2])
-            wait_for(lambda: batches_done() > done_before, 240)  # a batch of this run is done
-            publish(config, part[len(part) // 2:])
-            time.sleep(3)  # a batch is under way
-            if stop_signal == signal.SIGTERM:
-                signalled = time.time()
-                os.kill(running.pid, signal.SIGTERM)  # the CLI only, as systemd's KillMode=mixed does first
-                assert running.wait(timeout=240) == 0, _without_query_plans(log_path.read_text())[-3000:]
-                said = log_path.read_text()
-                assert "SIGTERM: stopping after the work under way" in said and "stopped: " in said
-                assert metrics_file.stat().st_mtime >= signalled  # the last metrics, written on the way out
-                published_before_stop = re.search(r"stopped: (\d+) incident events", said).group(1)
-                assert f"checkpoint_sentinel_incident_events_total {published_before_stop}\n" in metrics_file.read_text()
-        finally:
-            if running.poll() is None:
-                os.killpg(running.pid, signal.SIGKILL)  # the CLI, its Spark JVM and Python workers, mid-batch
-            running.wait()
+    def records_read_by(batch: int) -> int:
+        """How far into the topic a planned batch reads (its end offsets, summed over partitions)."""
+        lines = (checkpoint / "offsets" / str(batch)).read_text().splitlines()
+        return sum(json.loads(lines[-1]).values()) if len(lines) >= 3 else -1  # written whole, or not yet
 
-    run_until_stopped(signal.SIGTERM, events[:2 * quarter])
-    run_until_stopped(signal.SIGKILL, events[2 * quarter:3 * quarter])
-    publish(config, events[3 * quarter:])
-    last = subprocess.run(command + ["--available-now"], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900)
-    assert last.returncode == 0, _without_query_plans(log_path.read_text())[-3000:]
+    def start() -> subprocess.Popen:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def feed(part: list[dict]) -> None:
+        """Publish ``part`` in two halves, the second once a batch of the running job is done."""
+        done_before = len(batches("commits"))
+        publish(config, part[:len(part) // 2])
+        wait_for(lambda: len(batches("commits")) > done_before, 240)
+        publish(config, part[len(part) // 2:])
+
+    running = start()
+    try:
+        feed(events[:2 * quarter])
+        time.sleep(3)  # a batch is under way
+    finally:
+        os.killpg(running.pid, signal.SIGKILL)  # the CLI, its Spark JVM and Python workers, mid-batch
+        running.wait()
+
+    running = start()
+    try:
+        feed(events[2 * quarter:])
+        deadline = time.monotonic() + 240
+        while not (under_way := [b for b in batches("offsets") - batches("commits")
+                                 if records_read_by(b) == len(events)]):
+            assert running.poll() is None and time.monotonic() < deadline, \
+                "no batch read to the topic's end: " + _without_query_plans(log_path.read_text())[-3000:]
+            time.sleep(0.05)
+        signalled = time.time()
+        os.kill(running.pid, signal.SIGTERM)  # the CLI only, as systemd's KillMode=mixed does first
+        assert running.wait(timeout=240) == 0, _without_query_plans(log_path.read_text())[-3000:]
+    finally:
+        if running.poll() is None:
+            os.killpg(running.pid, signal.SIGKILL)
+        running.wait()
+    said = log_path.read_text()
+    assert "SIGTERM: stopping after the work under way" in said and "stopped: " in said
+    assert under_way[0] in batches("commits")  # the batch under way at SIGTERM finished
+    assert metrics_file.stat().st_mtime >= signalled  # the last metrics, written on the way out
+    published_before_stop = re.search(r"stopped: (\d+) incident events", said).group(1)
+    assert f"checkpoint_sentinel_incident_events_total {published_before_stop}\n" in metrics_file.read_text()
 
     published = read_topic(config, config.topics.incidents)
     assert set(map(key, expected.incidents)) <= set(map(key, published))  # none lost; repeats are allowed
