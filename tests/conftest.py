@@ -122,7 +122,7 @@ def spark(broker_config: SentinelConfig):
 # Trained once per test run by tests/champions.py in a process of its own, started by the first test
 # of a process whose collected tests need them; those tests run last, so the training overlaps the
 # others (and pytest-xdist's workers share it).
-CHAMPION_FIXTURES = {"trained_store", "trained_datasets"}
+CHAMPION_FIXTURES = {"trained_store"}
 
 
 def _needs_champions(item) -> bool:
@@ -153,14 +153,6 @@ def champions_in_background(request, tmp_path_factory):
         if request.session.shouldfail or request.session.shouldstop:
             process.kill()
         process.wait()  # another worker may still be waiting for it
-
-
-@pytest.fixture(scope="session")
-def trained_datasets(tmp_path_factory) -> list[Path]:
-    """What `sentinel train` trains on by default: a simulated dataset and the real-Flink corpus."""
-    root = _champions_root(tmp_path_factory)
-    champions.wait_for(root, champions.DATASETS_DONE)
-    return [champions.simulated_dataset(root), LAB_CORPUS]
 
 
 @pytest.fixture(scope="session")

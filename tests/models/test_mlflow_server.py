@@ -28,7 +28,7 @@ from models.detectors import FAMILY_LEVEL, rows_for
 from models.training import run_training
 from pipelines.detection.scoring import ChampionCache
 from pipelines.families import STATE_LEAK
-from tests.conftest import TRAINING_GRID, config_for, debian_binary
+from tests.conftest import LAB_CORPUS, TRAINING_GRID, config_for, debian_binary
 
 pytestmark = pytest.mark.slow
 
@@ -92,17 +92,18 @@ def tracking_server(postgres, tmp_path_factory):
 
 
 def test_train_registers_on_a_tracking_server_and_the_job_loads_champions_from_it(
-        tracking_server, postgres, trained_store, trained_datasets, spark, tmp_path, monkeypatch):
+        tracking_server, postgres, trained_store, spark, tmp_path, monkeypatch):
     import psycopg
 
     url, served = tracking_server
     monkeypatch.chdir(tmp_path)  # where a misplaced ./mlruns would appear
-    # The session's offline store: the datasets' features are computed there already.
+    # The session's offline store: the real-Flink corpus's features are computed there already
+    # (what is trained on does not matter here, where it is registered and loaded from does).
     config = config_for(tmp_path / "state", mlflow__tracking_uri=url,
                         mlflow__artifact_root="mlflow-artifacts:/checkpoint-sentinel",
                         features__offline_path=str(trained_store.features.offline_path))
     lines: list[str] = []
-    (outcome,) = run_training(spark, config, trained_datasets, families=[STATE_LEAK], grid=TRAINING_GRID,
+    (outcome,) = run_training(spark, config, [LAB_CORPUS], families=[STATE_LEAK], grid=TRAINING_GRID,
                               progress=lines.append)
     assert outcome.promoted and outcome.version == "1"  # the store's first, no champion to beat
     assert (f"MLflow experiment 'checkpoint-sentinel' at {url}, artifacts in "

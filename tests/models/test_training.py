@@ -10,7 +10,7 @@ from models import registry
 from models.training import gate, run_training
 from models.validation import TrainingSetInvalid
 from pipelines import simulator
-from tests.conftest import config_for
+from tests.conftest import LAB_CORPUS, config_for
 
 GOOD = {"faults_found": 5.0, "false_incidents": 1.0, "false_families_on_faulty": 0.0}
 
@@ -46,18 +46,13 @@ def small_dataset(tmp_path_factory):
 
 
 def test_training_registers_every_family_and_moves_aliases_through_the_gate(spark, small_dataset, tmp_path):
+    import mlflow
+
     config = config_for(tmp_path)
     grid = {"learning_rate": (0.1,), "max_depth": (4,)}
     lines: list[str] = []
-    # One family is enough to show a dry run moves nothing (each family's training is the same code).
-    (dry,) = run_training(spark, config, [small_dataset], families=["skew"], dry_run=True, grid=grid,
-                          progress=lines.append)
-    assert dry.version is None and not dry.promoted and dry.reasons[-1].endswith("(would promote)")
-    assert any(line.startswith("training set validation:") for line in lines)  # progress is shown
-    registry.use_config(config)
-    assert registry.alias_version(config.mlflow.models.skew, registry.CHALLENGER) is None  # dry run moved nothing
-
     outcomes = run_training(spark, config, [small_dataset], grid=grid, progress=lines.append)
+    assert any(line.startswith("training set validation:") for line in lines)  # progress is shown
     assert [o.family for o in outcomes] == ["state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly"]
     for outcome in outcomes:
         assert registry.alias_version(outcome.registered_name, registry.CHALLENGER) == outcome.version
@@ -70,11 +65,18 @@ def test_training_registers_every_family_and_moves_aliases_through_the_gate(spar
     assert skew.metrics["faults_found"] == skew.metrics["faults"] > 0 and skew.metrics["f1"] > 0.5
     assert any(line.startswith("test runs, every family together:") for line in lines)
 
-    # The same training again is exactly as good: the gate compares on the same runs.
-    again = run_training(spark, config, [small_dataset], families=["skew"], grid=grid, progress=lines.append)
-    assert again[0].champion_version == skew.version
-    assert again[0].champion == pytest.approx(skew.challenger_gate, nan_ok=True)
-    assert again[0].promoted  # "at least as good" includes as good
+    # The same training again, as a dry run (one family is enough: each family's training is the
+    # same code): exactly as good, since the gate compares on the same runs, and it would promote
+    # ("at least as good" includes as good), but it registers nothing and moves no alias.
+    (again,) = run_training(spark, config, [small_dataset], families=["skew"], dry_run=True, grid=grid,
+                            progress=lines.append)
+    assert again.champion_version == skew.version
+    assert again.champion == pytest.approx(skew.challenger_gate, nan_ok=True)
+    assert again.version is None and not again.promoted and again.reasons[-1].endswith("(would promote)")
+    registry.use_config(config)
+    assert registry.alias_version(skew.registered_name, registry.CHALLENGER) == skew.version
+    assert registry.alias_version(skew.registered_name, config.mlflow.alias) == skew.version
+    assert len(mlflow.MlflowClient().search_model_versions(f"name='{skew.registered_name}'")) == 1
 
 
 def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
@@ -87,15 +89,17 @@ def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
     assert registry.alias_version(config.mlflow.models.skew, registry.CHALLENGER) is None
 
 
-def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, trained_store, trained_datasets):
+def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, trained_store):
     """A dry run against the session's champions: a detector that sees only the job's age and
     checkpoint interval, judged on the lab's validation runs as the job would run it, is worse than
-    the champion on faults found, false incidents or false families, and the gate says which."""
+    the champion on faults found, false incidents or false families, and the gate says which.
+    (Trained on the real-Flink corpus alone: the gate judges its runs whatever else is trained on.)"""
+
     blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
     registry.use_config(trained_store)
     challenger_before = registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER)
     lines: list[str] = []
-    (outcome,) = run_training(spark, trained_store, trained_datasets, families=["backpressure"], grid=blind,
+    (outcome,) = run_training(spark, trained_store, [LAB_CORPUS], families=["backpressure"], grid=blind,
                               dry_run=True, progress=lines.append)
     assert not outcome.promoted and outcome.version is None
     new, old = outcome.challenger_gate, outcome.champion
@@ -119,7 +123,6 @@ def test_the_anomaly_rule_is_calibrated_beside_the_models_it_runs_with(spark, tr
     from models.training import calibrate_for_incidents, champions, load_splits
     from pipelines.detection.policy import PolicySettings
     from pipelines.families import ANOMALY
-    from tests.conftest import LAB_CORPUS
 
     validation = load_splits(spark, trained_store, [LAB_CORPUS], lambda _: None)["validation"]
     settings = PolicySettings.from_config(trained_store)

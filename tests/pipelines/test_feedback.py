@@ -21,7 +21,7 @@ from feature_store.offline_store import append_feature_log
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
 from pipelines.feedback import give, load_fleet_feedback
 from pipelines.io import kafka_clients
-from tests.conftest import LAB_LEAK_RUN, LAB_SKEW_RUN, TRAINING_GRID, first_opened
+from tests.conftest import LAB_CORPUS, LAB_LEAK_RUN, LAB_SKEW_RUN, TRAINING_GRID, first_opened
 from tests.test_cli import run_sentinel
 
 
@@ -103,9 +103,10 @@ def test_verdicts_become_labels_of_their_family_only(fleet, spark):
     assert feedback.training_rows(BACKPRESSURE).empty
 
 
-def test_train_with_feedback_reports_what_the_challenger_does_on_it(fleet, spark, trained_datasets):
+def test_train_with_feedback_reports_what_the_challenger_does_on_it(fleet, spark):
     """A dry run against the session's champions: the champion opened the leak incident on-call
-    calls a false positive, so it opens it again; the challenger is judged next to it."""
+    calls a false positive, so it opens it again; the challenger (trained on the real-Flink corpus
+    and the verdicts) is judged next to it."""
     config, result, runs = fleet
     leak = first_opened(result.incidents, STATE_LEAK, LAB_LEAK_RUN, runs)
     skew = first_opened(result.incidents, SKEW, LAB_SKEW_RUN, runs)
@@ -113,7 +114,7 @@ def test_train_with_feedback_reports_what_the_challenger_does_on_it(fleet, spark
     give(config, skew["incident_id"], CONFIRMED, given_by="on-call")  # another family's: not the leak's business
     feedback = load_fleet_feedback(spark, config)
     lines: list[str] = []
-    (outcome,) = run_training(spark, config, trained_datasets, families=[STATE_LEAK], dry_run=True,
+    (outcome,) = run_training(spark, config, [LAB_CORPUS], families=[STATE_LEAK], dry_run=True,
                               grid=TRAINING_GRID, progress=lines.append, feedback=feedback)
     assert f"  {STATE_LEAK}: on-call's verdicts on 1 incident: {len(feedback.training_rows(STATE_LEAK))} rows" in lines
     assert outcome.feedback["false_positives"] == 1 and outcome.feedback["confirmed"] == 0
