@@ -40,7 +40,7 @@ from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from models import feedback as fleet_feedback
 from models import registry
 from models.detectors import FAMILY_LEVEL, DetectorConfig, make_detector, rows_for
-from models.evaluation import Runs, excused_false, judge, row_metrics, static_alarms, truth_overrides
+from models.evaluation import Runs, excused_false, judge, numbered, row_metrics, static_alarms, truth_overrides
 from models.post_rule import PostRule
 from models.registry import LoadedDetector
 from models.validation import TrainingSetInvalid, validate_training_set
@@ -263,7 +263,7 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
     the gate judge it, see :func:`_anomaly_beside`.
     """
     level = FAMILY_LEVEL[family]
-    rows = validation.rows.reset_index(drop=True)
+    rows = numbered(validation.rows)
     judged_rows = rows_for(rows, level)
     base = LoadedDetector(f"candidate-{family}", "candidate", "challenger", detector, None, {})
     scores = _scores(rows, {family: base})
