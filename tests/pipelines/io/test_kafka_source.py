@@ -17,6 +17,7 @@ from pipelines.io import kafka_clients
 from pipelines.io.kafka_source import KafkaPartitionRange, _rate_limited, split_evenly
 from pipelines.io.kafka_stream import KAFKA_COLUMNS, kafka_stream_writer, process_all_published, read_kafka_stream
 from tests.conftest import PROJECT_ROOT
+from tests.pipelines.io.file_sink_driver import start_file_sink
 
 
 def produce(config, topic: str, count: int, start: int = 0, partition: int | None = None, headers=None):
@@ -256,8 +257,9 @@ def test_kill_9_mid_batch_then_restart_reads_every_record_once(spark, config, ne
     assert not (checkpoint / "commits" / "1").exists(), "the kill came after batch 1 was committed"
     sent.update(produce(config, topic, 700, start=3000))
 
-    finished = subprocess.run(base + ["--available-now"], cwd=PROJECT_ROOT, env=env, capture_output=True, timeout=300)
-    assert finished.returncode == 0, finished.stderr.decode()[-3000:]
+    # Restarted in this process's Spark: another JVM, on the same checkpoint.
+    restarted = start_file_sink(spark, config, topic, checkpoint, out, max_offsets=500, available_now=True)
+    assert restarted.awaitTermination(300) and restarted.exception() is None
     read = offsets_in_parquet(spark, out)
     assert len(read) == len({(p, o) for p, o, _ in read}), "a record was read twice"
     assert {(p, o): v for p, o, v in read} == sent
