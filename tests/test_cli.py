@@ -28,6 +28,32 @@ def test_unreachable_broker_stops_with_what_to_fix(tmp_path):
     assert time.monotonic() - started < 60
 
 
+def test_a_setup_error_is_told_without_importing_what_the_command_never_used(tmp_path):
+    """The command reports the unreachable broker it found, and has not imported MLflow,
+    scikit-learn or Great Expectations on the way (their import took 10 of its 13 CPU s)."""
+    code = ("import sys; from pipelines.cli import main; code = main(['selfcheck']); "
+            "print(code, sorted(m for m in ('mlflow', 'sklearn', 'great_expectations') if m in sys.modules))")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
+                            env={**clean, "SENTINEL_STATE_DIR": str(tmp_path),
+                                 "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",
+                                 "SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "2"})
+    assert result.stdout.strip() == "1 []", result.stderr[-2000:]
+    assert "Kafka at 127.0.0.1:9 is unreachable" in result.stderr
+
+
+def test_every_setup_error_the_command_tells_is_an_exception_class():
+    import importlib
+
+    from pipelines.cli import USER_ERRORS, is_user_error
+
+    for module, name in USER_ERRORS:
+        error = getattr(importlib.import_module(module), name)
+        assert issubclass(error, Exception), (module, name)
+        assert is_user_error(error.__new__(error))
+    assert is_user_error(FileNotFoundError("x")) and not is_user_error(ValueError("x"))
+
+
 def test_the_incident_table_prints_nothing_before_it_finds_the_broker_unreachable(tmp_path):
     result = run_sentinel("incidents", "--timeout", "1", env={"SENTINEL_STATE_DIR": str(tmp_path),
                                                               "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",

@@ -94,7 +94,6 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
     checkpoint interval, judged on the lab's validation runs as the job would run it, is worse than
     the champion on faults found, false incidents or false families, and the gate says which.
     (Trained on the real-Flink corpus alone: the gate judges its runs whatever else is trained on.)"""
-
     blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
     registry.use_config(trained_store)
     challenger_before = registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER)
