@@ -231,7 +231,11 @@ def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings,
         verdict_rows = feedback.training_rows(family)
         n = len(feedback.of(family))
         progress(f"  {family}: on-call's verdicts on {n} incident{'s' if n != 1 else ''}: {len(verdict_rows)} rows")
-        train = pd.concat([train, verdict_rows], ignore_index=True) if len(verdict_rows) else train
+        if len(verdict_rows):
+            # A feature the verdicts' rows never have (all NaN) takes the training rows' dtype, as
+            # pandas chose until now: it deprecated leaving all-NA columns out of the choice.
+            unknown = [c for c in verdict_rows.columns if c in train.columns and verdict_rows[c].isna().all()]
+            train = pd.concat([train, verdict_rows.drop(columns=unknown)], ignore_index=True)
     train = fit_rows(train, family, settings)
     validation_rows = rows_for(splits["validation"].rows, level)
     judged = fit_rows(validation_rows, family, settings) if family == CHECKPOINT_FAILURE else validation_rows
