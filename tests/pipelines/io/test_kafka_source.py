@@ -259,7 +259,10 @@ def test_kill_9_mid_batch_then_restart_reads_every_record_once(spark, config, ne
 
     # Restarted in this process's Spark: another JVM, on the same checkpoint.
     restarted = start_file_sink(spark, config, topic, checkpoint, out, max_offsets=500, available_now=True)
-    assert restarted.awaitTermination(300) and restarted.exception() is None
+    try:
+        assert restarted.awaitTermination(300) and restarted.exception() is None
+    finally:
+        restarted.stop()
     read = offsets_in_parquet(spark, out)
     assert len(read) == len({(p, o) for p, o, _ in read}), "a record was read twice"
     assert {(p, o): v for p, o, v in read} == sent
