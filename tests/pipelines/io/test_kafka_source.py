@@ -233,9 +233,10 @@ def test_kill_9_mid_batch_then_restart_reads_every_record_once(spark, config, ne
     topic = new_topic(partitions=3)
     sent = produce(config, topic, 3000)
     out, checkpoint = tmp_path / "out", tmp_path / "ck"
+    max_offsets = 500  # records per micro-batch, before the kill and after the restart
     base = [sys.executable, str(Path(__file__).with_name("file_sink_driver.py")),
             "--bootstrap", config.kafka.bootstrap_servers, "--state-dir", str(tmp_path / "state"),
-            "--topic", topic, "--checkpoint", str(checkpoint), "--out", str(out), "--max-offsets", "500"]
+            "--topic", topic, "--checkpoint", str(checkpoint), "--out", str(out), "--max-offsets", str(max_offsets)]
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     log = open(tmp_path / "driver.log", "wb")
     driver = subprocess.Popen(base + ["--task-delay-s", "3"], cwd=PROJECT_ROOT, env=env,
@@ -258,7 +259,7 @@ def test_kill_9_mid_batch_then_restart_reads_every_record_once(spark, config, ne
     sent.update(produce(config, topic, 700, start=3000))
 
     # Restarted in this process's Spark: another JVM, on the same checkpoint.
-    restarted = start_file_sink(spark, config, topic, checkpoint, out, max_offsets=500, available_now=True)
+    restarted = start_file_sink(spark, config, topic, checkpoint, out, max_offsets, available_now=True)
     try:
         assert restarted.awaitTermination(300) and restarted.exception() is None
     finally:
