@@ -30,6 +30,7 @@ bench: java
 	$(BIN)/python benchmarks/novelty_scoring.py
 	$(BIN)/python benchmarks/input_keying.py
 	$(BIN)/python benchmarks/worker_start.py
+	$(BIN)/python benchmarks/cli_setup_error.py
 
 venv: $(STAMP)
 

@@ -1,11 +1,13 @@
 """How fast features are computed and incidents decided, in the batch path training and replay use.
 
-Two numbers, on the same simulated fleet (deterministic seeds):
+Three numbers, on the same simulated fleet (deterministic seeds):
 
 * the feature state machine over recorded events (``features_for_events``): events per second;
 * the incident policy over scored feature rows (``policy.step``, post-rules decided vectorised per
   family): scored rows per second, with scores that keep incidents open part of the time (as
-  calibration and the gate replay them, once per candidate rule).
+  calibration and the gate replay them, once per candidate rule);
+* the same replay as calibration and the gate call it (``evaluation.replay_incidents`` with the
+  scores made once): the policy plus whatever the replay does around it.
 
 Usage: ``.venv/bin/python benchmarks/decisions.py [--jobs-per-scenario 2] [--minutes 60]``
 """
@@ -20,7 +22,9 @@ import numpy as np
 import pandas as pd
 
 from feature_store.job_features import features_for_events
+from models.evaluation import replay_incidents
 from models.post_rule import PostRule
+from models.registry import LoadedDetector
 from pipelines import simulator
 from pipelines.detection import policy
 from pipelines.families import FAMILIES, LOCALISED
@@ -60,12 +64,20 @@ def main() -> None:
         incidents = len(policy.step({}, frame, scores, rules, policy.PolicySettings()))
         timings.append(time.perf_counter() - started)
     policy_s = min(timings)
+    models = {f: LoadedDetector("bench", "1", "champion", None, rule, {}) for f, rule in rules.items()}
+    timings = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        replay_incidents(frame, models, policy.PolicySettings(), scores)
+        timings.append(time.perf_counter() - started)
+    replay_s = min(timings)
 
     print(f"machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}")
     print(f"fleet: {len(jobs)} simulated jobs x {args.minutes} min, {len(events):,} events, {len(rows):,} feature rows")
     print(f"features (batch, one process): {len(events) / feature_s:,.0f} events/s ({feature_s:.2f} s, best of {args.repeat})")
     print(f"incident policy: {len(scores) / policy_s:,.0f} scored rows/s ({len(scores):,} rows, {incidents} incident "
           f"events, {policy_s:.2f} s, best of {args.repeat})")
+    print(f"calibration's replay: {len(scores) / replay_s:,.0f} scored rows/s ({replay_s:.2f} s, best of {args.repeat})")
 
 
 if __name__ == "__main__":
