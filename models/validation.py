@@ -17,6 +17,7 @@ import pandas as pd
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 import great_expectations as gx  # noqa: E402
+from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
 
 KEYS = ("cluster", "job_id", "ts", "label")
 RATIOS = ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean", "state_r2",
@@ -43,6 +44,10 @@ class ValidationReport:
 
 def run_expectations(frame: pd.DataFrame, expectations: list, name: str) -> tuple[int, list[str]]:
     context = gx.get_context(mode="ephemeral")
+    # No "Calculating Metrics" bar on stderr: the detection job validates a sample every minute,
+    # and its log is read by people and log shippers, not watched in a terminal (GX passes tqdm
+    # its own `disable`, so TQDM_DISABLE does not reach it).
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
     batch = (context.data_sources.add_pandas(name=f"{name}_source").add_dataframe_asset(name=name)
              .add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame}))
     suite = gx.ExpectationSuite(name=f"{name}_suite")
