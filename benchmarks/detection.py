@@ -354,8 +354,8 @@ def fleet(spark, config, jobs_n: int, minutes: int, out, trigger: str = "2 secon
     first_events = int(run.batches[0][0]) if run.batches else 0
     steady = np.array([b[2] for b in run.batches if b[0] > first_events + 2])  # after the first batches' start-up
     out(f"{len(run.batches)} micro-batches with input, {sum(b[1] for b in run.batches):,} events: duration p50 "
-        f"{np.percentile(durations, 50):.2f}s, p99 {np.percentile(durations, 99):.2f}s, max {durations.max():.2f}s "
-        f"(after the first three: max {steady.max() if len(steady) else float('nan'):.2f}s); longer than the trigger: "
+        f"{np.percentile(durations, 50):.2f}s, p99 {np.percentile(durations, 99):.2f}s, max {durations.max():.3f}s "
+        f"(after the first three: max {steady.max() if len(steady) else float('nan'):.3f}s); longer than the trigger: "
         f"{int((durations > _seconds(trigger)).sum())}, after the first three: {int((steady > _seconds(trigger)).sum())}")
     out(f"<!-- median per batch: {phases(recorder.progress)}; state store: {store_phases(recorder.progress)} -->")
     out("\n| minute | batch p50 s | batch max s | events per batch p50 | offsets p50 ms | state rows | "
