@@ -159,14 +159,18 @@ def test_the_detection_job_and_the_incident_table_work_over_mutual_tls(tls_kafka
     _assert_no_secret([run, table], tmp_path)
 
 
-@pytest.mark.parametrize("leave_out, protocol, reason", [
+@pytest.mark.parametrize("leave_out, protocol, reasons", [
+    # No client certificate. In TLS 1.3 the broker checks it after the client's side of the
+    # handshake is done: the client reads the broker's alert, or, when the broker has already
+    # closed the connection, an EOF (seen in a fresh clone's run). Either is the broker's refusal.
     (("SENTINEL_KAFKA__SECURITY__SSL_CERTFILE", "SENTINEL_KAFKA__SECURITY__SSL_KEYFILE",
-      "SENTINEL_KAFKA__SECURITY__SSL_KEY_PASSWORD_FILE"), "SSL", "certificate required"),  # no client certificate
+      "SENTINEL_KAFKA__SECURITY__SSL_KEY_PASSWORD_FILE"), "SSL",
+     ("certificate required", "EOF occurred in violation of protocol")),
     (("SENTINEL_KAFKA__SECURITY__SSL_CAFILE", "SENTINEL_KAFKA__SECURITY__SSL_CERTFILE",
       "SENTINEL_KAFKA__SECURITY__SSL_KEYFILE", "SENTINEL_KAFKA__SECURITY__SSL_KEY_PASSWORD_FILE"), "PLAINTEXT",
-     "Connection reset by peer"),
+     ("Connection reset by peer",)),
 ])
-def test_a_client_the_broker_does_not_accept_stops_with_what_to_set(tls_kafka, tmp_path, leave_out, protocol, reason):
+def test_a_client_the_broker_does_not_accept_stops_with_what_to_set(tls_kafka, tmp_path, leave_out, protocol, reasons):
     env = {k: v for k, v in _tls_environment(tls_kafka, tmp_path, SENTINEL_KAFKA__CONNECT_TIMEOUT_S="3").items()
            if k not in leave_out}
     result = run_sentinel("incidents", "--timeout", "1", env={**env, "SENTINEL_KAFKA__SECURITY__PROTOCOL": protocol},
@@ -174,7 +178,7 @@ def test_a_client_the_broker_does_not_accept_stops_with_what_to_set(tls_kafka, t
     assert result.returncode == 1, result.stdout + result.stderr
     # One message, with the broker's reason from kafka-python's last try, not a traceback per retry.
     assert f"Kafka at {tls_kafka.bootstrap_servers} is unreachable (tries failed with: KafkaConnectionError:" in result.stderr
-    assert reason in result.stderr
+    assert any(reason in result.stderr for reason in reasons), result.stderr
     assert "kafka.security" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stdout == ""  # not even the table's header before the error
