@@ -149,8 +149,12 @@ def test_static_baseline_alarms():
 
 def _labelled(jobs) -> pd.DataFrame:
     """Feature rows of simulated jobs with the point-in-time label of each row."""
-    return pd.concat([label_rows(pd.DataFrame(features_for_events(job.events)), job.truth)
-                      .assign(scenario=job.truth["scenario"]) for job in jobs], ignore_index=True)
+    frames = [label_rows(pd.DataFrame(features_for_events(job.events)), job.truth).assign(scenario=job.truth["scenario"])
+              for job in jobs]
+    columns = list(dict.fromkeys(column for frame in frames for column in frame.columns))
+    # A job's all-null columns left out of the concatenation, as pandas does today when it picks
+    # the dtypes (it deprecated that); put back, null, where no job has a value.
+    return pd.concat([frame.dropna(axis=1, how="all") for frame in frames], ignore_index=True).reindex(columns=columns)
 
 
 @pytest.fixture(scope="module")
