@@ -74,6 +74,24 @@ class DetectionMetrics:
                                    ["family", "name", "version"], registry=r)
         self.registry_reachable = Gauge(f"{PREFIX}_model_registry_reachable",
                                         "1 while the model registry answers, 0 while it does not", registry=r)
+        # Degraded dependencies: each names what is wrong, so a rule can say what to fix.
+        self.dead_letter_publish_failures = Counter(
+            f"{PREFIX}_dead_letter_publish_failures", "Dead letters the dead-letter topic did not take (kept and "
+            "retried; incidents are never held back by them)", registry=r)
+        self.dead_letters_pending = Gauge(f"{PREFIX}_dead_letters_pending",
+                                          "Dead letters waiting for the dead-letter topic to take them", registry=r)
+        self.model_load_failures = Counter(f"{PREFIX}_model_load_failures",
+                                           "Times a family's champion could not be loaded", ["family"], registry=r)
+        self.model_nan_scores = Counter(f"{PREFIX}_model_nan_scores",
+                                        "Feature rows a family's champion scored as NaN or not at all", ["family"],
+                                        registry=r)
+        self.model_scoring = Gauge(f"{PREFIX}_model_scoring",
+                                   "1 while a family's champion scores, 0 while the family is blind", ["family"],
+                                   registry=r)
+        self.broker_reachable = Gauge(f"{PREFIX}_broker_reachable",
+                                      "1 while the Kafka broker answered the input source's latest request", registry=r)
+        self.broker_last_contact = Gauge(f"{PREFIX}_broker_last_contact_timestamp_seconds",
+                                         "When the Kafka broker last answered the input source", registry=r)
 
     def incidents(self, events: Iterable[dict]) -> None:
         for event in events:
