@@ -8,7 +8,6 @@ folder; every test gets topics of its own, so tests never see each other's recor
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -37,22 +36,25 @@ from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines.config import SentinelConfig, TopicsConfig, load_config  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
 
-from tests import champions  # noqa: E402
+from tests import champions, debian  # noqa: E402
 from tests.champions import LAB_CORPUS, PROJECT_ROOT, TRAINING_GRID  # noqa: E402,F401  (tests import them from here)
 
 
 def debian_binary(name: str, package: str) -> str:
-    """The path of ``name``, installing Debian's ``package`` first when the machine has none
-    (what `make test` needs beyond the virtualenv installs itself)."""
-    found = shutil.which(name)
-    if found is None:
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, capture_output=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", package], check=True,
-                       capture_output=True, env=env, timeout=900)
-        found = shutil.which(name)
-    assert found, f"{name} is not on the PATH after installing Debian's {package}"
-    return found
+    """The path of ``name``, which Debian's ``package`` ships (installed once per run, see tests/debian.py)."""
+    assert debian.TEST_BINARIES.get(name) == package, f"add {name}: {package} to tests.debian.TEST_BINARIES"
+    return debian.binary(name)
+
+
+def pytest_configure(config):
+    # The controller runs this before pytest-xdist starts its workers: one apt-get, no race for dpkg's lock.
+    if not hasattr(config, "workerinput"):
+        try:
+            installed = debian.install()
+        except debian.DebianPackagesMissing as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if installed:
+            print(f"installed Debian packages for the tests: {', '.join(installed)}", flush=True)
 
 
 def config_for(state_dir: Path, **env: str) -> SentinelConfig:
