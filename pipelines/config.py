@@ -363,6 +363,12 @@ class DetectionConfig(_Strict):
     gx_sample_rows: int = Field(2000, ge=1, description="Input rows sampled per Great Expectations validation.")
     gx_min_interval_s: float = Field(30.0, ge=0, description="At most one input validation this often "
                                                              "(it runs beside the job, off its critical path).")
+    dead_letter_value_bytes: int = Field(32_768, ge=0, le=262_144, description="At most this many of an unusable "
+                                         "record's bytes go into its dead letter (with the size and SHA-256 of the "
+                                         "whole), so that no dead letter is refused for its size.")
+    dead_letter_spool: LocalPath | None = Field(None, description="Where dead letters wait until the dead-letter "
+                                                "topic takes them (default <state_dir>/dead_letter_spool): a topic "
+                                                "that is down or missing holds back neither incidents nor batches.")
     metrics_file: LocalPath | None = Field(None, description="Prometheus text file (default "
                                                              "<state_dir>/metrics/sentinel.prom).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel run` serves /metrics for Prometheus.")
@@ -506,6 +512,8 @@ class SentinelConfig(_Strict):
         cfg.spark.checkpoint_location = normalize(cfg.spark.checkpoint_location or cfg.state_dir / "checkpoints",
                                                   base_dir)
         cfg.features.offline_path = normalize(cfg.features.offline_path or cfg.state_dir / "feature_store", base_dir)
+        cfg.detection.dead_letter_spool = _absolute(cfg.detection.dead_letter_spool or cfg.state_dir /
+                                                    "dead_letter_spool", base_dir)
         cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
                                                base_dir)
         cfg.collector.state_dir = normalize(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
