@@ -10,6 +10,10 @@ One open incident per (job, family, vertex). Per entity, in event-time order:
 * ``resolved`` once the rule has not held for ``resolve_after_s`` of event time, or at once when
   the job reaches a terminal state (finished, cancelled, failed).
 
+An incident's times are ordered: ``opened_at <= updated_at`` of each of its events, ``resolved_at
+= updated_at``, and ``updated_at`` never goes back; a row that arrives behind the incident's last
+event (within the allowed lateness) is stamped with that event's time.
+
 Causes and symptoms (``pipelines/families.py``): failing checkpoints behind a leak, backpressure
 or a hot key, and backpressure behind a hot key on the same vertex, are the cause's *symptoms*.
 While the cause's incident is open, a symptom's decision is not an incident of its own: it joins
@@ -403,7 +407,7 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
     """Name ``family`` a symptom of the cause's open incident; an ``updated`` event when it is new
     or raises the incident's severity."""
     open_ = cause["open"]
-    ts = int(record["ts"])
+    ts = _incident_time(open_, int(record["ts"]))
     severity = severity or ev.severity(family, record, None, settings.critical_eta_s)
     symptoms = open_.setdefault("symptoms", [])
     known = next((s for s in symptoms if s["family"] == family), None)
@@ -540,8 +544,17 @@ def incident_labels(family: str, record: dict, open_: dict, severity: str, kind:
             "vertex": open_.get("vertex_name") or "", "family": family, "severity": severity, "event": kind}
 
 
+def _incident_time(open_: dict, ts: int) -> int:
+    """An incident event's time: the row's, but never before the incident opened or its last event.
+    A job's rows arrive up to the allowed lateness out of event-time order (checkpoints carry the
+    JobManager's clock, status polls the collector's), and an alert must not end before it starts."""
+    last = open_.get("last_event") or {}
+    return max(ts, open_["opened_at"], last.get("updated_at") or ts)
+
+
 def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severity: str) -> dict:
-    open_, family, ts = entity["open"], record["family"], int(record["ts"])
+    open_, family = entity["open"], record["family"]
+    ts = _incident_time(open_, int(record["ts"]))
     open_.setdefault("vertex_id", record.get("vertex_id"))
     open_.setdefault("vertex_name", record.get("vertex_name"))
     open_.setdefault("subtask_index", ev.subtask_of(family, record))

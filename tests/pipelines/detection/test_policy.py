@@ -276,3 +276,95 @@ def test_runs_are_judged_by_family_place_and_time_and_a_symptom_counts_as_found(
     elsewhere = [dict(truth, faults=[{**truth["faults"][0], "vertex_id": "v9"}])]
     (moved,) = compare(elsewhere, step({}, rows, scores, RULES, SETTINGS)).runs
     assert moved.found[0]["localised"] is False and not moved.ok
+
+
+# A job's feature rows do not arrive in event-time order: checkpoint rows carry the JobManager's
+# clock, status rows the collector's, and a row up to features.lateness_s behind the job's latest
+# is still used. An incident's times must stay ordered anyway (Alertmanager refuses an alert that
+# ends before it starts).
+SEC = 1000
+
+
+def assert_incident_times_ordered(events: list[dict]) -> None:
+    last_update: dict[str, int] = {}
+    for event in events:
+        assert event["updated_at"] >= event["opened_at"], event
+        if event["event"] == "resolved":
+            assert event["resolved_at"] == event["updated_at"], event
+        assert event["updated_at"] >= last_update.get(event["incident_id"], event["opened_at"]), event
+        last_update[event["incident_id"]] = event["updated_at"]
+
+
+@pytest.mark.parametrize("scored", [True, False], ids=["scored-status-row", "unscored-status-row"])
+def test_a_job_ending_at_a_status_behind_the_opening_checkpoint_resolves_no_earlier_than_it_opened(scored):
+    state: dict = {}
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)])
+    (opened,) = step(state, rows, scores, RULES, SETTINGS)
+    assert opened["opened_at"] == 60 * SEC
+    # The collector's FAILED status, stamped 5 s before the checkpoint that opened the incident (the
+    # JobManager's clock ahead), arrives in the next micro-batch: within the allowed lateness.
+    ended, ended_scores = rows_and_scores([(0, 0.1)], ts=55 * SEC, job_state="FAILED")
+    (resolved,) = step(state, ended, ended_scores if scored else ended_scores.iloc[0:0], RULES, SETTINGS)
+    assert resolved["event"] == "resolved" and resolved["incident_id"] == opened["incident_id"]
+    assert resolved["resolved_at"] == resolved["updated_at"] == opened["opened_at"]
+    assert INCIDENT.errors(resolved) == []
+
+
+def test_a_job_ending_in_the_batch_it_opened_in_resolves_no_earlier_than_it_opened():
+    # One micro-batch: the FAILED status (collector's clock) sorts before the checkpoint that opens.
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (0, 0.1)], ts=[0, 60 * SEC, 55 * SEC],
+                                   job_state=["RUNNING", "RUNNING", "FAILED"])
+    events = step({}, rows, scores.iloc[:2], RULES, SETTINGS)
+    assert [e["event"] for e in events] == ["opened", "resolved"]
+    assert_incident_times_ordered(events)
+
+
+def test_a_late_row_that_raises_the_severity_updates_no_earlier_than_the_last_event():
+    state: dict = {}
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family="checkpoint_failure", vertex=None,
+                                   checkpoint_failed_fraction=0.4)
+    (opened,) = step(state, rows, scores, RULES, SETTINGS)
+    assert opened["severity"] == "warning"
+    late, late_scores = rows_and_scores([(0, 0.9)], family="checkpoint_failure", vertex=None, ts=58 * SEC,
+                                        checkpoint_failed_fraction=0.6)
+    (updated,) = step(state, late, late_scores, RULES, SETTINGS)
+    assert (updated["event"], updated["severity"]) == ("updated", "critical")
+    assert updated["updated_at"] == opened["opened_at"]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_incident_times_stay_ordered_over_a_replay_of_rows_out_of_order(seed):
+    """A job's rows with arrival jitter within the allowed lateness, a leak and a failure family,
+    cut into micro-batches anywhere, the job failing at the end: every incident event has
+    opened_at <= updated_at (= resolved_at), and an incident's updates never go back in time."""
+    import random
+
+    rng = random.Random(seed)
+    lateness = 10 * SEC
+    points = []  # (arrival, ts, family, score, failed fraction)
+    for i in range(240):  # a poll every 5 s, each row up to the lateness behind its poll
+        ts = i * 5 * SEC + rng.randrange(-lateness + 1, 1)
+        hot = (40 <= i < 100) or (140 <= i < 180 and seed % 2)
+        for family in ("state_leak", "checkpoint_failure"):
+            points.append((i, ts, family, rng.choice([0.9, 0.8, 0.2]) if hot else rng.choice([0.1, 0.1, 0.7]),
+                           rng.choice([0.3, 0.6])))
+    points.sort(key=lambda p: (p[0], rng.random()))
+    rows = pd.DataFrame([{"cluster": "c", "job_id": "j1", "job_name": "orders",
+                          "vertex_id": "v1" if family == "state_leak" else None,
+                          "vertex_name": "Window" if family == "state_leak" else None, "ts": ts,
+                          "trigger_kind": "checkpoint", "is_late": False, "job_state": "RUNNING",
+                          "last_failure_message": None, "checkpoint_failed_fraction": fraction}
+                         for _, ts, family, _, fraction in points])
+    rows.loc[len(rows) - 1, "job_state"] = "FAILED"
+    scores = pd.DataFrame([{"row": i, "family": family, "score": score, "model_name": f"sentinel-{family}",
+                            "model_version": "1", "model_alias": "champion"}
+                           for i, (_, _, family, score, _) in enumerate(points)])
+    cuts = sorted(rng.sample(range(1, len(rows)), 40))
+    state: dict = {}
+    events: list[dict] = []
+    for start, end in zip([0] + cuts, cuts + [len(rows)]):
+        batch = rows.iloc[start:end].reset_index(drop=True)
+        batch_scores = scores[(scores["row"] >= start) & (scores["row"] < end)].assign(row=lambda d: d["row"] - start)
+        events += step(state, batch, batch_scores, RULES, SETTINGS)
+    assert any(e["event"] == "resolved" for e in events)
+    assert_incident_times_ordered(events)
