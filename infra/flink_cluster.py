@@ -82,13 +82,21 @@ def _run(argv: list[str], what: str) -> None:
         raise FlinkClusterError(f"could not {what}:\n{(done.stderr or done.stdout).strip()[-2000:]}")
 
 
+def cluster_root(config: SentinelConfig) -> Path:
+    """The cluster's folder: one per Flink version, so clusters of two versions can run side by side
+    (on other ports: ``lab.rest_port``, ``lab.rpc_port``)."""
+    default = type(config.lab).model_fields["flink_version"].default
+    version = config.lab.flink_version
+    return Path(config.state_dir) / ("flink" if version == default else f"flink-{version}")
+
+
 class LocalFlinkCluster:
     """Start, use and stop the lab's standalone cluster (one JobManager, one TaskManager)."""
 
     def __init__(self, config: SentinelConfig, runtime: FlinkRuntime):
         self.config = config
         self.runtime = runtime
-        self.root = Path(config.state_dir) / "flink"
+        self.root = cluster_root(config)
         self.conf_dir = self.root / "conf"
         self.log_dir = self.root / "log"
         self.run_dir = self.root / "run"

@@ -459,12 +459,19 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
 
     from pipelines import lab
     from pipelines.lab.corpus import GRIDS
+    from pipelines.config import LabConfig
     from pipelines.lab.scenarios import NAMED
 
+    if args.flink_version:
+        # A version's own virtualenv, unless lab.flink_venv names one explicitly.
+        venv = config.lab.flink_venv
+        if venv.name == LabConfig.default_venv(config.lab.flink_version).name:
+            venv = venv.with_name(LabConfig.default_venv(args.flink_version).name)
+        config.lab = config.lab.model_copy(update={"flink_version": args.flink_version, "flink_venv": venv})
     if args.grid:
         if args.grid not in GRIDS:
             raise UsageError(f"unknown grid {args.grid!r}; choose from {', '.join(GRIDS)}")
-        variants = GRIDS[args.grid](args.only)
+        variants = GRIDS[args.grid](args.only, config.lab.flink_version)
         dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
         if args.forget:
             if not args.only:
@@ -475,7 +482,7 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
         if args.list:
             done = lab.recorded_runs(dataset)
             for v in variants:
-                print(f"{v.run_id:<58} {v.split:<10} {v.family:<19} {v.duration_s:>4}s "
+                print(f"{v.run_id:<58} {v.split:<10} {v.kind:<10} {v.family:<19} {v.duration_s:>4}s "
                       f"{'recorded' if v.run_id in done else ''}")
             return 0
         runs = lab.run_grid(config, variants, dataset, concurrency=args.concurrency,
@@ -668,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "with --grid, lab.corpus_dir)")
     lab_command.add_argument("--no-kafka", action="store_true", help="only record; do not publish to the input topic")
     lab_command.add_argument("--keep-cluster", action="store_true", help="leave the Flink cluster running afterwards")
-    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus) not yet in the "
+    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus, long) not yet in the "
                                                             "dataset folder; resumable")
     lab_command.add_argument("--only", metavar="GLOB", help="with --grid: only the variants whose run id matches")
     lab_command.add_argument("--concurrency", type=int, default=3, help="with --grid: jobs running side by side "
@@ -676,6 +683,10 @@ def build_parser() -> argparse.ArgumentParser:
     lab_command.add_argument("--kafka", action="store_true", help="with --grid: also publish to the input topic")
     lab_command.add_argument("--forget", action="store_true", help="with --grid (and --only): take the recorded runs "
                                                                    "out of the dataset, to record them again")
+    lab_command.add_argument("--flink-version", metavar="VERSION",
+                             help="apache-flink version to run (default lab.flink_version); each version gets its "
+                                  "own virtualenv (.venv-flink-VERSION) and cluster folder: a second cluster at once "
+                                  "needs other ports (SENTINEL_LAB__REST_PORT, SENTINEL_LAB__RPC_PORT)")
     lab_command.set_defaults(handler=_cmd_lab)
     return parser
 

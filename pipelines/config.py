@@ -475,9 +475,11 @@ class AlertConfig(_Strict):
 class LabConfig(_Strict):
     """`sentinel lab`: a local Flink standalone cluster running real failure scenarios."""
 
-    flink_version: str = "2.3.0"
-    flink_venv: LocalPath = Field(Path(".venv-flink"), description="Virtualenv the lab creates for apache-flink "
-                                                                   "(its dependencies clash with the main one).")
+    flink_version: str = Field("2.3.0", description="apache-flink from PyPI; each version in its own virtualenv, "
+                                                   "its own cluster folder (<state_dir>/flink-<version>).")
+    flink_venv: LocalPath | None = Field(None, description="Virtualenv the lab creates for apache-flink (its "
+                                                           "dependencies clash with the main one); default .venv-flink "
+                                                           "for the default version, .venv-flink-<version> for others.")
     rest_port: int = Field(18081, ge=1, le=65535)
     rpc_port: int = Field(16123, ge=1, le=65535)
     taskmanager_slots: int = Field(8, ge=2, description="Slots of the lab's TaskManager: a grid runs jobs side "
@@ -489,6 +491,11 @@ class LabConfig(_Strict):
     corpus_dir: LocalPath | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
                                                            "`sentinel lab --grid` records into it, `sentinel train` "
                                                            "trains on it.")
+
+    @classmethod
+    def default_venv(cls, version: str) -> Path:
+        default = cls.model_fields["flink_version"].default
+        return Path(".venv-flink" if version == default else f".venv-flink-{version}")
 
 
 class SentinelConfig(_Strict):
@@ -521,7 +528,7 @@ class SentinelConfig(_Strict):
         for key in security.FILE_KEYS:
             if getattr(security, key) is not None:
                 setattr(security, key, _absolute(getattr(security, key), base_dir))
-        cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv, base_dir)
+        cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv or LabConfig.default_venv(cfg.lab.flink_version), base_dir)
         cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
         cfg.lab.corpus_dir = _absolute(cfg.lab.corpus_dir or PROJECT_ROOT / "data" / "lab", base_dir)
         mlflow_dir = cfg.state_dir / "mlflow"

@@ -34,7 +34,8 @@ from pipelines.lab.scenarios import NAMED, LabVariant
 
 log = logging.getLogger(__name__)
 
-JOB_SCRIPT = Path(__file__).parent / "flink_jobs" / "scenario_job.py"
+JOB_DIR = Path(__file__).parent / "flink_jobs"
+JOB_SCRIPT = JOB_DIR / "scenario_job.py"
 LAB_CLUSTER = "lab"
 SPLITS = ("train", "validation", "test")
 # Submission (the PyFlink client compiling the plan) takes about ten seconds: onsets count from after it.
@@ -253,6 +254,10 @@ class LabSession:
         from pipelines.collector import ClusterCollector, kafka_publisher
         from pipelines.config import FlinkClusterEndpoint
 
+        version = self.config.lab.flink_version
+        elsewhere = [v.run_id for v in variants if v.flink_version != version]
+        if elsewhere:
+            raise LabError(f"{', '.join(elsewhere)} are runs for another Flink version than lab.flink_version={version}")
         slots = self.config.lab.taskmanager_slots
         too_wide = [v.run_id for v in variants if v.parallelism > slots]
         if too_wide:
@@ -299,7 +304,7 @@ class LabSession:
                     variant = pending.pop(0)
                     submitted_at = int(time.time() * 1000)
                     argv = self._argv(variant, submitted_at)
-                    submitting = (variant, submitted_at, pool.submit(cluster.submit_python, JOB_SCRIPT, argv))
+                    submitting = (variant, submitted_at, pool.submit(cluster.submit_python, JOB_DIR / variant.script, argv))
                 result = collector.poll()
                 if not result.reachable:
                     raise LabError(f"the lab cluster stopped answering: {result.errors[0]}")
@@ -391,6 +396,7 @@ class LabSession:
                 "description": run.variant.description, "job_id": run.job_id, "duration_s": run.variant.duration_s,
                 "onset_s": run.variant.onset_s, "params": run.variant.job_args, "families": truth["families"],
                 "events": len(events), "flink_version": self.config.lab.flink_version,
+                "job_kind": run.variant.kind, "length": run.variant.length,
                 "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if run.variant.storage_outage:
             info["storage_outage"] = list(run.variant.storage_outage)
@@ -441,7 +447,7 @@ def run_lab(config, name: str, duration: str = "4m", split: str = "test", datase
 
     if split not in SPLITS:
         raise LabError(f"--split must be one of {', '.join(SPLITS)}")
-    variant = scenario(name, parse_duration(duration) // 1000).with_(split=split)
+    variant = scenario(name, parse_duration(duration) // 1000).with_(split=split).on_version(config.lab.flink_version)
     session = LabSession(config, Path(dataset or default_dataset(config)), 1, publish_to_kafka, interval_s, progress,
                          stop or threading.Event())
     runs = session.run([variant], keep_cluster=keep_cluster)

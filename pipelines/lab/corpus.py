@@ -1,13 +1,20 @@
-"""The real-Flink corpus: a grid of lab variants, split by variant into train, validation and test.
+"""The real-Flink corpus: grids of lab variants, split by variant into train, validation and test.
 
 Each entry is one parameter combination of a scenario (state backend, parallelism, rate, record
-size, checkpoint interval, TTL or window length, severity, onset), recorded once. Splits are by
-variant and stratified by scenario, so the test split holds parameter combinations that training
-never saw, of every scenario that has three variants or more. The assignment is a seeded shuffle:
-adding variants to one scenario does not move another scenario's runs between splits.
+size, checkpoint interval, TTL or window length, severity, onset), recorded once per Flink
+version. Splits are by variant and stratified by Flink version, job kind (DataStream or SQL),
+length (short or long) and scenario, so the test split holds parameter combinations that
+training never saw. The assignment is a seeded shuffle per stratum: adding variants to one
+stratum does not move another's runs between splits. The DataStream grid as first recorded
+(Flink 2.3.0, short runs) keeps the strata and splits it had: one stratum per scenario.
 
-``sentinel lab --grid corpus`` records every variant not yet in the dataset folder; the committed
-recordings are under ``data/lab/``.
+A stratum of one run goes to test, of two to test and train: a long run (too few to train on,
+and what the test split must show) and a SQL scenario recorded on two versions (one version in
+test, the other in train).
+
+``sentinel lab --grid NAME`` records the grid's variants for the configured Flink version
+(``lab.flink_version``) that the dataset folder does not hold yet; the committed recordings are
+under ``data/lab/``.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ from __future__ import annotations
 import random
 from fnmatch import fnmatch
 
-from pipelines.lab.scenarios import (LabVariant, backpressure, checkpoint_timeout, healthy_bursty, healthy_subsecond,
+from pipelines.lab.scenarios import (DATASTREAM, ORIGINAL_VERSION, LabVariant, backpressure, checkpoint_timeout, healthy_bursty, healthy_subsecond,
                                      healthy_timer, healthy_ttl, healthy_window, leak_after_plateau, leak_one_of_two,
                                      leak_slow_on_ttl, leak_start, restart_loop, skew, storage_outage)
 
 SPLIT_SEED = 0  # the first seed whose test and validation splits cover every sub-variant (severity, with or without backpressure, leak kinds)
 FRACTIONS = (0.6, 0.2, 0.2)
+LAB_VERSIONS = (ORIGINAL_VERSION, "1.20.5")  # the versions whose runs share strata (and so a SQL scenario's splits)
+LONG_MIN = 38  # the long runs' length: half an hour and more, done within one working session
 
 
 def _variants() -> list[LabVariant]:
@@ -112,17 +121,47 @@ def _variants() -> list[LabVariant]:
     ]
 
 
+def _long_variants() -> list[LabVariant]:
+    """Production time scales: a slow leak at a realistic rate, a warm-up of a quarter of an hour
+    that then plateaus, backpressure in episodes, and skew that drifts in over ten minutes."""
+    d = LONG_MIN * 60
+    long_runs = [
+        # ~20 records/s kept forever (about 2.7 KB/s of checkpointed state) on top of TTL-bounded
+        # state that warms up for three minutes.
+        leak_slow_on_ttl(180, 0.2, 0, "hashmap", 1, 100, duration_s=d),
+        # 60 new keys/s with a 15-minute TTL: state grows for 15 minutes, then stays flat.
+        healthy_ttl(900, "hashmap", 1, 60, interval_ms=5000, duration_s=d),
+        # enrich slows to a quarter of the input for one minute in every five, from minute five.
+        backpressure("intermittent", False, 1, 200, onset_s=300, duration_s=d, period_s=300, slow_s=60),
+        # the hot key's share rises from nothing to 85 % over ten minutes, from minute five.
+        skew(3, 0.85, False, 150, onset_s=300, duration_s=d, ramp_s=600),
+    ]
+    return [v.with_(run_id=f"{v.run_id}-d{LONG_MIN}m") for v in long_runs]
+
+
+def stratum(variant: LabVariant) -> str:
+    """The group a variant's split is drawn in. The original grid's strata are its scenarios (as
+    they were when it was recorded); every other stratum is (version, kind, length, scenario),
+    except that a SQL scenario's runs on every version share one (one version's run is tested,
+    another's trained on)."""
+    if variant.flink_version == ORIGINAL_VERSION and variant.kind == DATASTREAM and variant.length == "short":
+        return variant.scenario
+    version = "" if variant.kind != DATASTREAM else f"{variant.flink_version}:"
+    return f"{version}{variant.kind}:{variant.length}:{variant.scenario}"
+
+
 def assign_splits(variants: list[LabVariant], seed: int = SPLIT_SEED, fractions=FRACTIONS) -> list[LabVariant]:
-    """Each variant with its split: per scenario, a seeded shuffle cut at the fractions."""
-    by_scenario: dict[str, list[LabVariant]] = {}
+    """Each variant with its split: per stratum, a seeded shuffle cut at the fractions (a stratum
+    of one or two runs: test, then train)."""
+    by_stratum: dict[str, list[LabVariant]] = {}
     for variant in variants:
-        by_scenario.setdefault(variant.scenario, []).append(variant)
+        by_stratum.setdefault(stratum(variant), []).append(variant)
     out = []
-    for scenario, group in by_scenario.items():
+    for key, group in by_stratum.items():
         group = sorted(group, key=lambda v: v.run_id)
-        random.Random(f"lab-split:{seed}:{scenario}").shuffle(group)
+        random.Random(f"lab-split:{seed}:{key}").shuffle(group)
         n = len(group)
-        n_test = max(1, round(n * fractions[2])) if n >= 3 else 0
+        n_test = max(1, round(n * fractions[2]))
         n_validation = max(1, round(n * fractions[1])) if n >= 3 else 0
         for i, variant in enumerate(group):
             split = "test" if i < n_test else "validation" if i < n_test + n_validation else "train"
@@ -130,10 +169,11 @@ def assign_splits(variants: list[LabVariant], seed: int = SPLIT_SEED, fractions=
     return out
 
 
-def corpus(only: str | None = None) -> list[LabVariant]:
-    """The corpus' variants with their splits, optionally those whose run id matches ``only`` (a
-    glob), interleaved across scenarios: a grid stopped half-way has recorded some of each."""
-    variants = assign_splits(_variants())
+def _grid(variants: list[LabVariant], only: str | None, version: str) -> list[LabVariant]:
+    """The variants recorded on ``version`` with their splits, optionally those whose run id
+    matches ``only`` (a glob), interleaved across scenarios: a grid stopped half-way has recorded
+    some of each."""
+    variants = [v for v in assign_splits(variants) if v.flink_version == version]
     ids = [v.run_id for v in variants]
     if len(set(ids)) != len(ids):
         raise ValueError("two corpus variants share a run id")
@@ -145,4 +185,19 @@ def corpus(only: str | None = None) -> list[LabVariant]:
     return [v for v in interleaved if only is None or fnmatch(v.run_id, only)]
 
 
-GRIDS = {"corpus": corpus}
+def _on_versions(variants: list[LabVariant], version: str) -> list[LabVariant]:
+    versions = dict.fromkeys((*LAB_VERSIONS, version))
+    return [v.on_version(ver) for ver in versions for v in variants]
+
+
+def corpus(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """The DataStream grid of short runs."""
+    return _grid([v.on_version(version) for v in _variants()], only, version)
+
+
+def long_runs(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """The DataStream runs at production time scales."""
+    return _grid(_on_versions(_long_variants(), version), only, version)
+
+
+GRIDS = {"corpus": corpus, "long": long_runs}

@@ -18,6 +18,10 @@ from dataclasses import dataclass, field
 
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
+DATASTREAM, SQL = "datastream", "sql"
+ORIGINAL_VERSION = "2.3.0"  # the Flink version the corpus was first recorded on
+LONG_RUN_S = 1800
+
 
 @dataclass(frozen=True)
 class LabFault:
@@ -39,6 +43,14 @@ class LabVariant:
     duration_s: int = 300
     storage_outage: tuple[float, float] | None = None  # (period, down) seconds: checkpoint storage unwritable
     split: str = "test"
+    kind: str = DATASTREAM  # the job's API: a DataStream job or a SQL / Table API job
+    script: str = "scenario_job.py"  # in flink_jobs/
+    flink_version: str = ORIGINAL_VERSION
+
+    @property
+    def length(self) -> str:
+        """``long`` for runs at production time scales (half an hour or more), else ``short``."""
+        return "long" if self.duration_s >= LONG_RUN_S else "short"
 
     @property
     def family(self) -> str:
@@ -52,6 +64,12 @@ class LabVariant:
     def with_(self, **changes) -> "LabVariant":
         from dataclasses import replace
         return replace(self, **changes)
+
+    def on_version(self, version: str) -> "LabVariant":
+        """The same run on another Flink version; its run id names the version unless it is the
+        corpus's original one (whose run ids predate versions)."""
+        suffix = "" if version == ORIGINAL_VERSION else f"-v{version}"
+        return self.with_(flink_version=version, run_id=self.run_id + suffix)
 
 
 BASE_ARGS = {"rate": 150, "payload-bytes": 100, "checkpoint-interval-ms": 3000}
@@ -148,14 +166,16 @@ def leak_one_of_two(operator="b", onset_s=0, p=1, rate=150, backend="hashmap", d
 
 # --- backpressure ------------------------------------------------------------------------------------
 
-def backpressure(severity="severe", unaligned=False, p=1, rate=200, onset_s=75, duration_s=300):
+def backpressure(severity="severe", unaligned=False, p=1, rate=200, onset_s=75, duration_s=300, period_s=60, slow_s=20):
     """``severe``: enrich handles a quarter of the input; ``mild``: 70 %; ``intermittent``: a
-    quarter for 20 s of every 60 s."""
+    quarter for ``slow_s`` of every ``period_s`` seconds (of wall-clock time)."""
     capacity = {"severe": 0.25, "mild": 0.7, "intermittent": 0.25}[severity] * rate * p
-    intermittent = {"slow_period_s": 60, "slow_on_s": 20} if severity == "intermittent" else {}
+    intermittent = {"slow_period_s": period_s, "slow_on_s": slow_s} if severity == "intermittent" else {}
+    episodes = f"per{period_s}-on{slow_s}" if intermittent and (period_s, slow_s) != (60, 20) else ""
     faults = (LabFault(BACKPRESSURE, "enrich"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True))
-    return LabVariant(_id("backpressure", severity, "unaligned" if unaligned else "aligned", f"p{p}", f"r{rate}"),
-                      "backpressure", f"{severity} backpressure: enrich slows to {capacity:.0f} records/s under {rate * p}",
+    return LabVariant(_id("backpressure", severity, episodes, "unaligned" if unaligned else "aligned", f"p{p}", f"r{rate}"),
+                      "backpressure", f"{severity} backpressure: enrich slows to {capacity:.0f} records/s under {rate * p}"
+                      + (f" for {slow_s}s of every {period_s}s" if intermittent else ""),
                       _args(ttl_s=30, slow_records_per_s=capacity / p, unaligned=str(unaligned).lower(), parallelism=p,
                             rate=rate * p, **intermittent),
                       faults, onset_s, ("slow-onset-ms",), duration_s)
@@ -163,16 +183,21 @@ def backpressure(severity="severe", unaligned=False, p=1, rate=200, onset_s=75, 
 
 # --- skew --------------------------------------------------------------------------------------------
 
-def skew(p=2, share=0.85, with_backpressure=False, rate=150, onset_s=75, duration_s=300):
+def skew(p=2, share=0.85, with_backpressure=False, rate=150, onset_s=75, duration_s=300, ramp_s=0):
+    """``ramp_s``: the hot key's share rises linearly from nothing at the onset to ``share``
+    (skew that drifts in); the onset labelled is where it starts rising."""
     faults = [LabFault(SKEW, "keyed-state", hot_subtask=True)]
     cost = 0.0
     if with_backpressure:
         # Each record costs enough that the hot subtask cannot keep up once it gets most of them.
         cost = round(1.3 * 1000.0 / (share * rate), 2)
         faults += [LabFault(BACKPRESSURE, "keyed-state"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True)]
-    return LabVariant(_id("skew", f"p{p}", f"s{share}", "bp" if with_backpressure else "nobp", f"r{rate}"), "skew",
-                      f"{share:.0%} of the records carry one key" + (", and the hot subtask saturates" if with_backpressure else ""),
-                      _args(ttl_s=30, hot_share=share, keyed_cost_ms=cost, parallelism=p, rate=rate),
+    ramp = {"hot_ramp_s": ramp_s} if ramp_s else {}
+    return LabVariant(_id("skew", f"p{p}", f"s{share}", "bp" if with_backpressure else "nobp", f"r{rate}",
+                          f"ramp{ramp_s}" if ramp_s else ""), "skew",
+                      f"{share:.0%} of the records carry one key" + (f", reached over {ramp_s}s" if ramp_s else "")
+                      + (", and the hot subtask saturates" if with_backpressure else ""),
+                      _args(ttl_s=30, hot_share=share, keyed_cost_ms=cost, parallelism=p, rate=rate, **ramp),
                       tuple(faults), onset_s, ("hot-onset-ms",), duration_s)
 
 

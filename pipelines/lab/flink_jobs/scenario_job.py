@@ -15,8 +15,10 @@ knows the onsets of its ground truth exactly. The faults:
 - leak: ``--ttl-s 0`` keeps every key forever; ``--leak-onset-ms`` with ``--leak-share`` also
   keeps that share of the records in a state without TTL from the onset on (a leak after a
   plateau, or a slow leak on top of TTL-bounded state), in ``keyed-state`` or ``keyed-state-b``;
-- skew: from ``--hot-onset-ms`` a share of the records carries one key; ``--keyed-cost-ms``
-  makes each record cost time in the stateful operator, so the hot subtask can saturate;
+- skew: from ``--hot-onset-ms`` a share of the records carries one key (with ``--hot-ramp-s`` the
+  share rises linearly from nothing to ``--hot-share`` over that many seconds: skew that drifts
+  in); ``--keyed-cost-ms`` makes each record cost time in the stateful operator, so the hot
+  subtask can saturate;
 - backpressure: from ``--slow-onset-ms`` ``enrich`` handles at most ``--slow-records-per-s``,
   always or ``--slow-on-s`` of every ``--slow-period-s`` (intermittent);
 - a failing task: from ``--fail-onset-ms`` ``enrich`` raises ``--fail-after-s`` after each
@@ -60,8 +62,8 @@ class AssignKey(FlatMapFunction):
     """Chooses the key (random and effectively never repeated, or the hot key once skew begins)
     and multiplies records during bursts."""
 
-    def __init__(self, hot_onset_ms, hot_share, burst_factor, burst_period_s, burst_on_s):
-        self.hot_onset_ms, self.hot_share = hot_onset_ms, hot_share
+    def __init__(self, hot_onset_ms, hot_share, burst_factor, burst_period_s, burst_on_s, hot_ramp_s=0.0):
+        self.hot_onset_ms, self.hot_share, self.hot_ramp_s = hot_onset_ms, hot_share, hot_ramp_s
         self.burst_factor, self.burst_period_s, self.burst_on_s = burst_factor, burst_period_s, burst_on_s
 
     def open(self, runtime_context: RuntimeContext):
@@ -71,9 +73,14 @@ class AssignKey(FlatMapFunction):
         copies = self.burst_factor if self.burst_factor > 1 and in_phase(self.burst_period_s, self.burst_on_s) else 1
         for copy in range(copies):
             key = row[0] if copy == 0 else self.rng.randrange(1, 10**12)
-            if started(self.hot_onset_ms) and self.rng.random() < self.hot_share:
+            if started(self.hot_onset_ms) and self.rng.random() < self.current_hot_share():
                 key = HOT_KEY
             yield key, row[1]
+
+    def current_hot_share(self) -> float:
+        if self.hot_ramp_s <= 0:
+            return self.hot_share
+        return self.hot_share * min(1.0, (now_ms() - self.hot_onset_ms) / (self.hot_ramp_s * 1000.0))
 
 
 def ttl_config(ttl_s: float):
@@ -174,6 +181,7 @@ def main() -> None:
     parser.add_argument("--leak-share", type=float, default=1.0)
     parser.add_argument("--hot-onset-ms", type=int, default=NEVER)
     parser.add_argument("--hot-share", type=float, default=0.9)
+    parser.add_argument("--hot-ramp-s", type=float, default=0.0, help="seconds over which the hot share rises to --hot-share")
     parser.add_argument("--keyed-cost-ms", type=float, default=0.0)
     parser.add_argument("--slow-onset-ms", type=int, default=NEVER)
     parser.add_argument("--slow-records-per-s", type=float, default=0.0)
@@ -220,7 +228,7 @@ def main() -> None:
     pair = Types.TUPLE([Types.LONG(), Types.STRING()])
     keyed = (source
              .flat_map(AssignKey(args.hot_onset_ms, args.hot_share, args.burst_factor, args.burst_period_s,
-                                 args.burst_on_s), output_type=pair).name("assign-key"))
+                                 args.burst_on_s, args.hot_ramp_s), output_type=pair).name("assign-key"))
     leak_a = args.leak_onset_ms if args.leak_operator == "a" else NEVER
     leak_b = args.leak_onset_ms if args.leak_operator == "b" else NEVER
     if args.stateful == "window":
