@@ -3,7 +3,9 @@
 ``sentinel run`` and ``sentinel collect`` each serve ``/metrics`` over HTTP (``detection.metrics_port``,
 ``collector.metrics_port``; 0 picks a free port, unset turns it off). Every metric is named
 ``checkpoint_sentinel_...``; ``infra/prometheus/sentinel-alerts.yml`` holds alerting rules on them
-(the job down, falling behind, the registry or a Flink cluster unreachable).
+(the job down, stalled or falling behind, a dependency failing, a Flink cluster unreachable).
+Staleness is exported as timestamps (``..._timestamp_seconds``), so a rule reads ``time() - x``
+from a stalled process's last value as well as from a live one.
 
 The metric objects live in a registry of their own per process part, so tests and two parts in
 one process never share counters.
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 PREFIX = "checkpoint_sentinel"
 
@@ -43,8 +47,50 @@ def serve(registry: CollectorRegistry, host: str, port: int) -> MetricsServer:
     return MetricsServer(registry, host, server.server_address[1], server)
 
 
+@dataclass(frozen=True)
+class BatchProgress:
+    """What one finished micro-batch of a query reports (from Spark's ``StreamingQueryProgress``)."""
+
+    batch_id: int
+    input_rows: int
+    input_rows_per_second: float
+    processed_rows_per_second: float
+    duration_s: float
+    state_rows: int
+    rows_dropped_by_watermark: int
+    newest_event_s: float | None = None  # the batch's newest event time (Spark's eventTime "max")
+    watermark_s: float | None = None  # the watermark the batch ran with
+
+
+class _EventTimeLags(Collector):
+    """The lags, computed when read (a scrape, a text file write): a quiet or stalled query's lag
+    keeps growing, where a value set at its last batch would stand still."""
+
+    def __init__(self) -> None:
+        self.newest: dict[str, float] = {}  # query -> newest event time processed, epoch s
+        self.watermark: dict[str, float] = {}
+
+    def describe(self):
+        return [GaugeMetricFamily(f"{PREFIX}_event_lag_seconds", ""),
+                GaugeMetricFamily(f"{PREFIX}_watermark_lag_seconds", "")]
+
+    def collect(self):
+        now = time.time()
+        lag = GaugeMetricFamily(f"{PREFIX}_event_lag_seconds", "How far the newest event the query has processed is "
+                                "behind the wall clock, now (grows while no newer event comes)", labels=["query"])
+        for query, newest in sorted(dict(self.newest).items()):
+            lag.add_metric([query], max(0.0, now - newest))
+        watermark = GaugeMetricFamily(f"{PREFIX}_watermark_lag_seconds", "How far Spark's event-time watermark is "
+                                      "behind the wall clock, now: by design features.max_source_delay_s more than "
+                                      "the event lag", labels=["query"])
+        for query, mark in sorted(dict(self.watermark).items()):
+            watermark.add_metric([query], max(0.0, now - mark))
+        return [lag, watermark]
+
+
 class DetectionMetrics:
-    """What ``sentinel run`` reports: its batches, its output, its models."""
+    """What ``sentinel run`` reports: its batches, its output, its models. The same registry is
+    served on /metrics and written to the text file, so both carry the same names."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
@@ -56,8 +102,11 @@ class DetectionMetrics:
         self.batch_duration = Gauge(f"{PREFIX}_batch_duration_seconds", "Duration of the query's latest micro-batch",
                                     ["query"], registry=r)
         self.input_rows = Counter(f"{PREFIX}_input_rows", "Input rows the query has read", ["query"], registry=r)
+        self.input_rate = Gauge(f"{PREFIX}_input_rows_per_second", "Input rows per second of the latest batch "
+                                "(as they arrived)", ["query"], registry=r)
         self.processed_rate = Gauge(f"{PREFIX}_processed_rows_per_second", "Rows per second of the latest batch",
                                     ["query"], registry=r)
+        self.batch_id = Gauge(f"{PREFIX}_batch_id", "The id of the query's latest micro-batch", ["query"], registry=r)
         self.state_rows = Gauge(f"{PREFIX}_state_rows", "Rows in the query's state store", ["query"], registry=r)
         self.dropped_late = Counter(f"{PREFIX}_rows_dropped_by_watermark",
                                     "Rows Spark dropped behind a query's watermark (the detection query drops none: "
@@ -66,10 +115,15 @@ class DetectionMetrics:
                                    "behind their job's latest (late), out of order in their stream, or further "
                                    "behind the newest input than features.max_source_delay_s (behind_watermark)",
                                    ["reason"], registry=r)
-        self.input_lag = Gauge(f"{PREFIX}_input_lag_seconds",
-                               "How far the query's event time (watermark) is behind the wall clock", ["query"], registry=r)
+        self.newest_event = Gauge(f"{PREFIX}_newest_event_timestamp_seconds",
+                                  "Event time of the newest event the query has processed", ["query"], registry=r)
+        self.lags = _EventTimeLags()
+        r.register(self.lags)
         self.last_batch = Gauge(f"{PREFIX}_last_batch_timestamp_seconds", "When the query last finished a batch",
                                 ["query"], registry=r)
+        self.last_progress = Gauge(f"{PREFIX}_last_progress_timestamp_seconds", "When the query last reported: a "
+                                   "finished batch, or a trigger that found no new input (Spark reports one every "
+                                   "10 s while the input is quiet)", ["query"], registry=r)
         self.model_version = Gauge(f"{PREFIX}_model_version_info", "The model version each family scores with (1)",
                                    ["family", "name", "version"], registry=r)
         self.registry_reachable = Gauge(f"{PREFIX}_model_registry_reachable",
@@ -104,16 +158,26 @@ class DetectionMetrics:
             self.model_version.labels(family, name, str(version)).set(1)
         self.registry_reachable.set(1 if reachable else 0)
 
-    def progress(self, query: str, input_rows: int, duration_s: float, processed_per_s: float, state_rows: int,
-                 dropped: int, lag_s: float | None) -> None:
-        self.input_rows.labels(query).inc(input_rows)
-        self.batch_duration.labels(query).set(duration_s)
-        self.processed_rate.labels(query).set(processed_per_s)
-        self.state_rows.labels(query).set(state_rows)
-        self.dropped_late.labels(query).inc(dropped)
-        if lag_s is not None:
-            self.input_lag.labels(query).set(lag_s)
-        self.last_batch.labels(query).set(time.time())
+    def progress(self, query: str, batch: BatchProgress) -> None:
+        now = time.time()
+        self.input_rows.labels(query).inc(batch.input_rows)
+        self.input_rate.labels(query).set(batch.input_rows_per_second)
+        self.processed_rate.labels(query).set(batch.processed_rows_per_second)
+        self.batch_duration.labels(query).set(batch.duration_s)
+        self.batch_id.labels(query).set(batch.batch_id)
+        self.state_rows.labels(query).set(batch.state_rows)
+        self.dropped_late.labels(query).inc(batch.rows_dropped_by_watermark)
+        if batch.newest_event_s is not None and batch.newest_event_s > self.lags.newest.get(query, 0.0):
+            self.lags.newest[query] = batch.newest_event_s
+            self.newest_event.labels(query).set(batch.newest_event_s)
+        if batch.watermark_s is not None:
+            self.lags.watermark[query] = batch.watermark_s
+        self.last_batch.labels(query).set(now)
+        self.last_progress.labels(query).set(now)
+
+    def idle(self, query: str) -> None:
+        """The query's trigger found no new input: it is alive, and its lags go on growing."""
+        self.last_progress.labels(query).set(time.time())
 
 
 class CollectorMetrics:

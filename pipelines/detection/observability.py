@@ -1,36 +1,51 @@
 """The job's own health, where operators look: the log, /metrics and a Prometheus text file.
 
 A :class:`MetricsListener` (Spark's ``StreamingQueryListener``) logs each query's progress (input
-and processing rate, batch duration, state rows, events dropped behind the watermark, watermark
-lag), updates the metrics ``sentinel run`` serves over HTTP (:mod:`pipelines.telemetry`), and
-rewrites the Prometheus text file after every batch, atomically, for node_exporter's textfile
-collector or any scraper that reads files.
+and processing rate, batch duration, state rows, how far its newest event is behind), updates the
+job's :class:`~pipelines.telemetry.DetectionMetrics` and writes their registry to the Prometheus
+text file (``prometheus_client.write_to_textfile``: atomic, for node_exporter's textfile collector
+or any scraper that reads files) after every batch and every idle trigger. /metrics serves the same
+registry, so the file and the page carry the same names and the same rules read both.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import generate_latest, write_to_textfile
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
+from pipelines.telemetry import BatchProgress, DetectionMetrics
+
 log = logging.getLogger(__name__)
 
-PREFIX = "checkpoint_sentinel"
 
-
-def _watermark_ms(progress: Any) -> int | None:
-    text = (progress.eventTime or {}).get("watermark")
+def _event_time_s(progress: Any, key: str) -> float | None:
+    """``progress.eventTime[key]`` (Spark's ISO-8601 "max", "watermark", ...) in epoch seconds."""
+    text = (progress.eventTime or {}).get(key)
     if not text:
         return None
-    ms = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    return ms or None  # Spark reports the epoch before the first watermark
+    seconds = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return seconds or None  # Spark reports the epoch before the first watermark
+
+
+def batch_progress(progress: Any) -> BatchProgress:
+    """The metrics of one ``StreamingQueryProgress``."""
+    state = progress.stateOperators or []
+    return BatchProgress(
+        batch_id=int(progress.batchId), input_rows=int(progress.numInputRows),
+        input_rows_per_second=float(progress.inputRowsPerSecond or 0.0),
+        processed_rows_per_second=float(progress.processedRowsPerSecond or 0.0),
+        duration_s=float((progress.durationMs or {}).get("triggerExecution", 0)) / 1000.0,
+        state_rows=int(sum(s.numRowsTotal for s in state)),
+        rows_dropped_by_watermark=int(sum(s.numRowsDroppedByWatermark for s in state)),
+        newest_event_s=_event_time_s(progress, "max"), watermark_s=_event_time_s(progress, "watermark"))
 
 
 class ProgressListener(StreamingQueryListener):
@@ -60,47 +75,35 @@ class _JsonProgressEvents(JStreamingQueryListener):
 
 
 class MetricsListener(ProgressListener):
-    def __init__(self, path: Path, sinks: Any = None, models: Any = None, metrics: Any = None):
+    def __init__(self, path: Path, sinks: Any = None, models: Any = None, metrics: DetectionMetrics | None = None):
         self.path = Path(path)
         self.sinks = sinks  # what the job published (a DetectionSinks)
         self.models = models
-        self.metrics = metrics  # a DetectionMetrics, served over HTTP
-        self.queries: dict[str, dict[str, float]] = {}
+        self.metrics = metrics if metrics is not None else DetectionMetrics()  # also served over HTTP
+        self.names: dict[str, str] = {}  # query id -> name: an idle event carries only the id
 
     def onQueryStarted(self, event) -> None:
+        self.names[str(event.id)] = event.name or str(event.id)
         log.info("query %s started (id %s)", event.name, event.id)
 
     def onQueryProgress(self, event) -> None:
         p = event.progress
-        state = p.stateOperators or []
-        watermark = _watermark_ms(p)
-        metrics = {
-            "input_rows": float(p.numInputRows),
-            "input_rows_per_second": float(p.inputRowsPerSecond or 0.0),
-            "processed_rows_per_second": float(p.processedRowsPerSecond or 0.0),
-            "batch_duration_seconds": float((p.durationMs or {}).get("triggerExecution", 0)) / 1000.0,
-            "batch_id": float(p.batchId),
-            "state_rows": float(sum(s.numRowsTotal for s in state)),
-            "rows_dropped_by_watermark": float(sum(s.numRowsDroppedByWatermark for s in state)),
-        }
-        if watermark is not None:
-            metrics["watermark_lag_seconds"] = max(0.0, time.time() - watermark / 1000.0)
-        self.queries[p.name or str(p.id)] = metrics
-        if self.metrics is not None:
-            self.metrics.progress(p.name or str(p.id), p.numInputRows, metrics["batch_duration_seconds"],
-                                  metrics["processed_rows_per_second"], int(metrics["state_rows"]),
-                                  int(metrics["rows_dropped_by_watermark"]), metrics.get("watermark_lag_seconds"))
-            if self.models is not None:
-                versions, reachable = self.scoring()
-                self.metrics.models(versions, reachable)
-        log.info("%s batch %d: %d rows, %.0f rows/s in, %.0f rows/s processed, %.1fs, %d state rows%s", p.name,
-                 p.batchId, p.numInputRows, metrics["input_rows_per_second"], metrics["processed_rows_per_second"],
-                 metrics["batch_duration_seconds"], metrics["state_rows"],
-                 f", watermark lag {metrics['watermark_lag_seconds']:.0f}s" if watermark is not None else "")
+        name = self.names.setdefault(str(p.id), p.name or str(p.id))
+        batch = batch_progress(p)
+        self.metrics.progress(name, batch)
+        if self.models is not None:
+            versions, reachable = self.scoring()
+            self.metrics.models(versions, reachable)
+        newest = self.metrics.lags.newest.get(name)
+        log.info("%s batch %d: %d rows, %.0f rows/s in, %.0f rows/s processed, %.1fs, %d state rows%s", name,
+                 batch.batch_id, batch.input_rows, batch.input_rows_per_second, batch.processed_rows_per_second,
+                 batch.duration_s, batch.state_rows,
+                 f", newest event {max(0.0, time.time() - newest):.0f}s behind" if newest else "")
         self.write()
 
     def onQueryIdle(self, event) -> None:
-        pass
+        self.metrics.idle(self.names.get(str(event.id), str(event.id)))
+        self.write()
 
     def onQueryTerminated(self, event) -> None:
         if event.exception:
@@ -114,24 +117,9 @@ class MetricsListener(ProgressListener):
         return ({f: (m.name, m.version) for f, m in self.models.models.items()}, self.models.registry_error is None)
 
     def text(self) -> str:
-        lines = []
-        for name, metrics in sorted(self.queries.items()):
-            for metric, value in sorted(metrics.items()):
-                lines.append(f'{PREFIX}_{metric}{{query="{name}"}} {value:g}')
-        if self.sinks is not None:
-            lines.append(f"{PREFIX}_incident_events_total {self.sinks.incidents_published}")
-            lines.append(f"{PREFIX}_dead_letters_total {self.sinks.dead_letters}")
-            for reason, count in sorted(self.sinks.late.items()):
-                lines.append(f'{PREFIX}_late_events_total{{reason="{reason}"}} {count}')
-        if self.models is not None:
-            versions, reachable = self.scoring()
-            lines.append(f"{PREFIX}_model_registry_reachable {1 if reachable else 0}")
-            for family, (_, version) in sorted(versions.items()):
-                lines.append(f'{PREFIX}_model_version{{family="{family}"}} {version}')
-        return "\n".join(lines) + "\n"
+        """The metrics as /metrics serves them and the text file holds them."""
+        return generate_latest(self.metrics.registry).decode()
 
     def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(self.text())
-        tmp.replace(self.path)
+        write_to_textfile(str(self.path), self.metrics.registry)

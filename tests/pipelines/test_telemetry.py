@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines.collector import PollResult
-from pipelines.telemetry import CollectorMetrics, DetectionMetrics, serve
+from pipelines.telemetry import BatchProgress, CollectorMetrics, DetectionMetrics, serve
 
 
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
@@ -25,7 +26,9 @@ def test_the_detection_job_s_metrics_are_served_and_count_what_happened():
                            {"family": "state_leak", "severity": "critical", "event": "updated"},
                            {"family": "state_leak", "severity": "warning", "event": "opened"}])
         metrics.dead_letters.labels("malformed_json").inc(2)
-        metrics.progress("detection", 120, 1.5, 80.0, 42, 3, 12.5)
+        metrics.progress("detection", BatchProgress(batch_id=4, input_rows=120, input_rows_per_second=90.0,
+                                                    processed_rows_per_second=80.0, duration_s=1.5, state_rows=42,
+                                                    rows_dropped_by_watermark=3, newest_event_s=time.time() - 12.5))
         metrics.models({"skew": ("sentinel-skew", "7")}, reachable=False)
         seen = scrape(server.url)
     finally:
@@ -35,7 +38,7 @@ def test_the_detection_job_s_metrics_are_served_and_count_what_happened():
     assert seen[(name, (("event", "updated"), ("family", "state_leak"), ("severity", "critical")))] == 1
     assert seen[("checkpoint_sentinel_dead_letters_total", (("reason", "malformed_json"),))] == 2
     assert seen[("checkpoint_sentinel_input_rows_total", (("query", "detection"),))] == 120
-    assert seen[("checkpoint_sentinel_input_lag_seconds", (("query", "detection"),))] == 12.5
+    assert 12.5 <= seen[("checkpoint_sentinel_event_lag_seconds", (("query", "detection"),))] < 17.5  # as scraped
     assert seen[("checkpoint_sentinel_state_rows", (("query", "detection"),))] == 42
     assert seen[("checkpoint_sentinel_model_version_info", (("family", "skew"), ("name", "sentinel-skew"),
                                                             ("version", "7")))] == 1
