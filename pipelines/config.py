@@ -443,11 +443,25 @@ class CollectorConfig(_Strict):
     retries: int = Field(3, ge=0, description="Retries of a failed REST request within one poll.")
     backoff_s: float = Field(0.5, gt=0, description="First wait before a retry; doubles each time.")
     max_backoff_s: float = Field(60.0, gt=0, description="Longest wait between polls of an unreachable cluster.")
+    max_concurrent_requests: int = Field(16, ge=1, le=1024, description="REST requests under way at once per "
+                                                                        "cluster (and kept-alive connections to it).")
+    shard: str | None = Field(None, pattern=r"^\d+/\d+$", description="i/N: poll only the jobs a hash of the job id "
+                                                                      "gives to shard i of N collector processes "
+                                                                      "(--shard); null: every job.")
     state_dir: StorageLocation | None = Field(None, description="Where the last published checkpoint of each job "
                                                                 "is kept, a path or a URI (default "
                                                                 "<state_dir>/collector).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel collect` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9465, ge=0, le=65535, description="Its port (0: any free one; null: off).")
+
+    @field_validator("shard")
+    @classmethod
+    def _shard_in_range(cls, value: str | None) -> str | None:
+        if value is not None:
+            index, count = map(int, value.split("/"))
+            if not 0 <= index < count:
+                raise ValueError(f"shard {value}: i/N needs 0 <= i < N, e.g. 0/4")
+        return value
 
 
 class AlertConfig(_Strict):
