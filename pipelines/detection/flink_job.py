@@ -17,6 +17,7 @@ same incidents either way, whatever the micro-batches were.
 from __future__ import annotations
 
 import gzip
+import logging
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -30,11 +31,14 @@ from feature_store.job_features import JobFeatureState
 from models.registry import LoadedDetector
 from pipelines.detection import policy
 from pipelines.detection.scoring import score_rows
-from pipelines.detection.validation import check_event, dead_letter
+from pipelines.detection.validation import DEFAULT_VALUE_BYTES, check_event, dead_letter
+
+log = logging.getLogger(__name__)
 
 # One valid event in this many (by Kafka offset) goes to the input's data-quality validation.
 SAMPLE_EVERY = 64
 KEY_MISMATCH = "schema_violation"
+UNPROCESSABLE = "unprocessable"  # valid by the contract, yet the feature state machine could not take it
 
 
 @dataclass(frozen=True)
@@ -44,11 +48,12 @@ class ReadRules:
     max_future_ms: int
     idle_timeout_ms: int
     lateness_ms: int
+    dead_letter_value_bytes: int = DEFAULT_VALUE_BYTES
 
     @classmethod
     def from_config(cls, config) -> "ReadRules":
         return cls(int(config.detection.max_future_s * 1000), config.features.idle_timeout_ms,
-                   int(config.features.lateness_s * 1000))
+                   int(config.features.lateness_s * 1000), config.detection.dead_letter_value_bytes)
 
 
 @dataclass(frozen=True)
@@ -108,20 +113,30 @@ class FlinkJobState:
         state, so that a collector far behind the others cannot start a forgotten job afresh."""
         reading = Reading()
         for record in records:
-            event, reason, error = check_event(record.value, now_ms, rules.max_future_ms)
-            if reason is None and key is not None and (event["cluster"], event["job_id"]) != key:
-                reason, error = KEY_MISMATCH, (f"cluster/job_id {event['cluster']}/{event['job_id']} differ from "
-                                               f"{key[0]}/{key[1]} read from the same record (duplicate keys?)")
-            if reason is not None:
-                reading.dead_letters.append(dead_letter(record, reason, error))
-                continue
-            if record.offset % SAMPLE_EVERY == 0:
-                reading.samples.append(record.value)
-            if watermark_ms is not None and event["ts"] < watermark_ms:
-                reading.late[BEHIND_WATERMARK] = reading.late.get(BEHIND_WATERMARK, 0) + 1
-                continue
-            self.use(event, rules, reading)
+            try:
+                self._read_one(record, now_ms, rules, key, watermark_ms, reading)
+            except Exception as exc:  # one record never fails the micro-batch: it becomes a dead letter
+                log.warning("record %s/%d@%d broke the feature state machine: %r", record.topic, record.partition,
+                            record.offset, exc)
+                reading.dead_letters.append(dead_letter(record, UNPROCESSABLE, f"{type(exc).__name__}: {exc}",
+                                                        rules.dead_letter_value_bytes))
         return reading
+
+    def _read_one(self, record: Record, now_ms: int, rules: ReadRules, key: tuple[str, str] | None,
+                  watermark_ms: int | None, reading: Reading) -> None:
+        event, reason, error = check_event(record.value, now_ms, rules.max_future_ms)
+        if reason is None and key is not None and (event["cluster"], event["job_id"]) != key:
+            reason, error = KEY_MISMATCH, (f"cluster/job_id {event['cluster']}/{event['job_id']} differ from "
+                                           f"{key[0]}/{key[1]} read from the same record (duplicate keys?)")
+        if reason is not None:
+            reading.dead_letters.append(dead_letter(record, reason, error, rules.dead_letter_value_bytes))
+            return
+        if record.offset % SAMPLE_EVERY == 0:
+            reading.samples.append(record.value)
+        if watermark_ms is not None and event["ts"] < watermark_ms:
+            reading.late[BEHIND_WATERMARK] = reading.late.get(BEHIND_WATERMARK, 0) + 1
+            return
+        self.use(event, rules, reading)
 
     def use(self, event: dict, rules: ReadRules, reading: Reading) -> None:
         """Consume one valid event, or count it late."""
@@ -218,12 +233,17 @@ def replay(config, paths: Iterable[str | Path], models: Mapping[str, LoadedDetec
                 record = Record(raw, topic=str(path), offset=number)
                 event, reason, error = check_event(raw, far_future, rules.max_future_ms)
                 if reason is not None:
-                    letters.append(dead_letter(record, reason, error))
+                    letters.append(dead_letter(record, reason, error, rules.dead_letter_value_bytes))
                     continue
-                used += 1
                 key = job_key(event["cluster"], event["job_id"])
                 job = jobs.setdefault(key, FlinkJobState())
-                job.use(event, rules, readings.setdefault(key, Reading()))
+                try:
+                    job.use(event, rules, readings.setdefault(key, Reading()))
+                except Exception as exc:  # as the live job: a dead letter, not a failed replay
+                    letters.append(dead_letter(record, UNPROCESSABLE, f"{type(exc).__name__}: {exc}",
+                                               rules.dead_letter_value_bytes))
+                    continue
+                used += 1
     rows = feature_frame([row for key in sorted(readings) for row in readings[key].rows])
     by_job = decide(jobs, rows, models, policy.PolicySettings.from_config(config))
     late: dict[str, int] = {}

@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from models.registry import ModelUnavailable
 from pipelines.config import ConfigError, SentinelConfig
 from pipelines.detection.data_quality import BackgroundValidator, flatten
+from pipelines.detection.dead_letters import DeadLetterSpool
 from pipelines.detection.observability import MetricsListener
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
@@ -52,8 +53,10 @@ EARLIER_LAYOUT = ("detection/policy", "dead_letters")
 
 class DetectionSinks:
     """Write one micro-batch's output (the ``foreachBatch`` body): the feature log on the
-    executors, then dead letters and incident events to their topics, each send acknowledged
-    before the batch counts as done (a failed send fails the batch, which is run again)."""
+    executors, then incident events to their topic, each send acknowledged before the batch
+    counts as done (a failed send fails the batch, which is run again), then dead letters to the
+    spool (:mod:`pipelines.detection.dead_letters`), whose thread sends them on: the dead-letter
+    topic never holds incidents or batches back."""
 
     def __init__(self, config: SentinelConfig, feature_log: Location | None, metrics: DetectionMetrics | None = None,
                  validator: BackgroundValidator | None = None):
@@ -62,6 +65,11 @@ class DetectionSinks:
         self.metrics = metrics
         self.validator = validator
         self._producer = None
+        kafka = config.kafka
+        self.spool = DeadLetterSpool(
+            Path(config.detection.dead_letter_spool), config.topics.dead_letter,
+            lambda: kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs(), max_block_ms=30_000),
+            metrics)
         self.incidents_published = 0
         self.dead_letters = 0
         self.late: dict[str, int] = {}
@@ -74,8 +82,8 @@ class DetectionSinks:
         rows = batch.mapInArrow(feature_log_writer(self.feature_log, batch_id), OUTPUT_SCHEMA).collect()
         letters = [r for r in rows if r["kind"] == DEAD_LETTER]
         incidents = [orjson.loads(r["payload"]) for r in rows if r["kind"] == INCIDENT]
-        self._publish([(self.config.topics.dead_letter, r["key"], r["payload"]) for r in letters]
-                      + [(self.config.topics.incidents, i["incident_id"], orjson.dumps(i)) for i in incidents])
+        self._publish([(self.config.topics.incidents, i["incident_id"], orjson.dumps(i)) for i in incidents])
+        self.spool.put(batch_id, [(r["key"], r["payload"]) for r in letters])
         self._count(batch_id, rows, letters, incidents)
         log.info("batch %d: %d incident events, %d dead letters in %.1fs", batch_id, len(incidents), len(letters),
                  time.monotonic() - started)
@@ -125,6 +133,7 @@ class DetectionSinks:
                 self.validator.submit(flatten(orjson.loads(v) for v in samples), batch_id)
 
     def close(self) -> None:
+        self.spool.close()
         if self._producer is not None:
             self._producer.close()
 
@@ -292,6 +301,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",
                                     detection.gx_min_interval_s)
     sinks = DetectionSinks(config, config.offline_store / "live", metrics, validator)
+    sinks.spool.start()
     listener = MetricsListener(Path(detection.metrics_file), sinks, cache, metrics)
     spark.streams.addListener(listener)
     partitions = state_partitions(config.checkpoint_dir(DETECTION_QUERY)) or \

@@ -16,6 +16,7 @@ skew explains.
 from __future__ import annotations
 
 import base64
+import hashlib
 from typing import Any
 
 import orjson
@@ -54,7 +55,28 @@ def check_event(value: bytes | None, now_ms: int, max_future_ms: int = 300_000) 
     impossible = _impossible(event, now_ms, max_future_ms)
     if impossible:
         return None, "impossible_value", impossible
-    return event, None, None
+    return _cut_texts(event), None, None
+
+
+MAX_TEXT_CHARS = 4_096  # a display text (name, failure message) longer than this is cut, the same way each time
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_TEXT_CHARS else f"{text[:MAX_TEXT_CHARS]}...[{len(text) - MAX_TEXT_CHARS} more]"
+
+
+def _cut_texts(event: dict) -> dict:
+    """The event with its display texts cut to :data:`MAX_TEXT_CHARS`, so that no name can make an
+    incident too large to publish (identities, which the contract bounds, are never cut)."""
+    for name in ("job_name", "vertex_name", "failure_message"):
+        text = event.get(name)
+        if text is not None and len(text) > MAX_TEXT_CHARS:
+            event[name] = _cut(text)
+    for vertex in event.get("vertices") or ():
+        text = vertex.get("vertex_name")
+        if text is not None and len(text) > MAX_TEXT_CHARS:
+            vertex["vertex_name"] = _cut(text)
+    return event
 
 
 def _impossible(event: dict, now_ms: int, max_future_ms: int) -> str | None:
@@ -93,10 +115,53 @@ def record_text(raw: Any) -> tuple[str | None, str]:
         return base64.b64encode(raw).decode("ascii"), "base64"
 
 
-def dead_letter(record, reason: str, error: str) -> dict:
+DEFAULT_VALUE_BYTES = 32_768
+KEY_BYTES = 1_024  # a Kafka key is a job's name, never long: more is kept as its hash only
+ERROR_CHARS = 2_000  # a schema error quotes the offending value, which may be the whole record
+
+
+def _bounded_text(raw: bytes | None, limit: int) -> tuple[str | None, str, bool]:
+    """``(text, encoding, truncated)`` of at most ``limit`` of ``raw``'s bytes: UTF-8 when the kept
+    bytes are text without control characters (which JSON escapes six bytes each), else base64."""
+    if raw is None:
+        return None, "utf-8", False
+    kept, text = raw[:limit], None
+    # A cut may split the last character: up to three bytes less, never a character dropped inside.
+    for cut in range(len(kept), max(len(kept) - 4, -1) if len(kept) < len(raw) else len(kept) - 1, -1):
+        try:
+            text, kept = kept[:cut].decode("utf-8"), kept[:cut]
+            break
+        except UnicodeDecodeError:
+            continue
+    if text is not None and not any(ord(c) < 0x20 and c not in "\t\n\r" for c in text):
+        return text, "utf-8", len(kept) < len(raw)
+    return base64.b64encode(kept).decode("ascii"), "base64", len(kept) < len(raw)
+
+
+def dead_letter(record, reason: str, error: str, max_value_bytes: int = DEFAULT_VALUE_BYTES) -> dict:
     """The dead-letter contract's document for an unusable record (a
-    :class:`~pipelines.detection.flink_job.Record`): why, where it was, and its original bytes."""
-    value, encoding = record_text(record.value)
-    return {"reason": reason, "error": error, "source_topic": record.topic, "partition": record.partition,
-            "offset": record.offset, "kafka_timestamp": record.kafka_timestamp_ms, "key": record_text(record.key)[0],
-            "value": value, "value_encoding": encoding}
+    :class:`~pipelines.detection.flink_job.Record`): why, where it was, and its bytes: at most
+    ``max_value_bytes`` of them, with the size and SHA-256 of the whole, so that a dead letter is
+    never too large for the topic however large the record.
+
+    >>> from pipelines.detection.flink_job import Record
+    >>> letter = dead_letter(Record(bytes(400_000), key=b"\\xff"), "malformed_json", "not JSON", 16)
+    >>> letter["value"], letter["value_encoding"], letter["value_bytes"], letter["value_truncated"]
+    ('AAAAAAAAAAAAAAAAAAAAAA==', 'base64', 400000, True)
+    >>> letter["key"], letter["key_encoding"]
+    ('/w==', 'base64')
+    """
+    raw = None if record.value is None else bytes(record.value)
+    value, encoding, truncated = _bounded_text(raw, max_value_bytes)
+    key_raw = None if record.key is None else bytes(record.key)
+    key, key_encoding, key_truncated = _bounded_text(key_raw, KEY_BYTES)
+    letter = {"reason": reason, "error": error if len(error) <= ERROR_CHARS else error[:ERROR_CHARS] + " [...]",
+              "source_topic": record.topic, "partition": record.partition, "offset": record.offset,
+              "kafka_timestamp": record.kafka_timestamp_ms, "key": key, "key_encoding": key_encoding,
+              "value": value, "value_encoding": encoding,
+              "value_bytes": None if raw is None else len(raw),
+              "value_sha256": None if raw is None else hashlib.sha256(raw).hexdigest(),
+              "value_truncated": truncated}
+    if key_truncated:
+        letter["key_sha256"] = hashlib.sha256(key_raw).hexdigest()
+    return letter

@@ -146,3 +146,46 @@ def test_no_number_an_event_may_hold_fails_the_features_or_the_state(extreme):
             job.to_bytes()
             if abs(extreme) >= 2**63:
                 assert reading.dead_letters and reading.dead_letters[0]["reason"] == "schema_violation", (kind, path)
+
+
+def _record(value, key=b"bad/record"):
+    from pipelines.detection.flink_job import Record
+
+    return Record(value, key=key, topic="metrics", partition=2, offset=41, kafka_timestamp_ms=NOW)
+
+
+@pytest.mark.parametrize("value", [bytes(range(32)) * 12_500, "\u00e9".encode() * 200_000, b"x" * 1_000_000])
+def test_a_dead_letter_keeps_a_bounded_prefix_with_the_size_and_hash_of_the_whole(value):
+    import hashlib
+
+    import orjson
+
+    from pipelines.detection.validation import dead_letter
+
+    letter = dead_letter(_record(value), "malformed_json", "not JSON " * 10_000, max_value_bytes=4096)
+    assert DEAD_LETTER.errors(letter) == []
+    assert len(orjson.dumps(letter)) < 12_000  # as the job sends it; the record was 400 KB to 1 MB
+    assert letter["value_bytes"] == len(value) and letter["value_truncated"] is True
+    assert letter["value_sha256"] == hashlib.sha256(value).hexdigest()
+    kept = base64.b64decode(letter["value"]) if letter["value_encoding"] == "base64" else letter["value"].encode()
+    assert value.startswith(kept) and 4092 <= len(kept) <= 4096  # a split character is left out, nothing else
+    assert letter["error"].endswith("[...]") and len(letter["error"]) < 2_100
+
+
+def test_a_small_record_is_kept_whole_and_a_key_that_is_not_text_in_base64():
+    from pipelines.detection.validation import dead_letter
+
+    letter = dead_letter(_record(b"{oops", key=b"\xff\xfe/job"), "malformed_json", "not JSON")
+    assert (letter["value"], letter["value_encoding"], letter["value_truncated"]) == ("{oops", "utf-8", False)
+    assert (letter["key"], letter["key_encoding"]) == (base64.b64encode(b"\xff\xfe/job").decode(), "base64")
+    assert DEAD_LETTER.errors(letter) == []
+
+
+def test_a_name_too_long_to_publish_is_cut_and_an_identity_too_long_is_refused():
+    from pipelines.detection.validation import MAX_TEXT_CHARS
+
+    event, reason, _ = check_event(encoded({**VERTEX, "vertex_name": "Calc(select=[a, EXPR$0])" * 40_000}), NOW)
+    assert reason is None and len(event["vertex_name"]) < MAX_TEXT_CHARS + 30
+    assert event["vertex_name"].startswith("Calc(select=[a, EXPR$0])") and event["vertex_name"].endswith("more]")
+    event, reason, error = check_event(encoded({**CHECKPOINT, "cluster": "c" * 5_000}), NOW)
+    assert event is None and reason == "schema_violation" and "is too long" in error
