@@ -386,9 +386,17 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
         from pipelines.simulator import parse_duration
 
         config.collector.interval_s = parse_duration(args.interval) / 1000
+    if args.shard:
+        from pipelines.collector import Shard
+
+        try:
+            config.collector.shard = str(Shard.parse(args.shard))
+        except ValueError as exc:
+            raise UsageError(f"--shard: {exc}") from None
     logging.getLogger("pipelines.collector").setLevel(logging.INFO if args.verbose else logging.WARNING)
     if not args.once:
-        print(f"polling {', '.join(f'{e.name} ({e.rest_url})' for e in endpoints)} every "
+        shard = f" (shard {config.collector.shard}: the jobs a hash of their id gives it)" if config.collector.shard else ""
+        print(f"polling {', '.join(f'{e.name} ({e.rest_url})' for e in endpoints)}{shard} every "
               f"{config.collector.interval_s:g}s; events to {config.topics.input} on {config.kafka.bootstrap_servers}",
               flush=True)
     from pipelines.telemetry import CollectorMetrics, serve
@@ -655,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the cluster name of each --flink-rest (default 'flink')")
     collect.add_argument("--interval", metavar="DURATION", help="time between polls, e.g. 5s (default collector.interval_s)")
     collect.add_argument("--once", action="store_true", help="poll every cluster once, then exit (cron-style)")
+    collect.add_argument("--shard", metavar="I/N", help="poll only the jobs a hash of the job id gives to shard I of N "
+                                                          "collector processes, e.g. 0/4 (default collector.shard)")
     collect.set_defaults(handler=_cmd_collect, cluster_default="flink")
 
     alert = command("alert", help="deliver the incident topic to Alertmanager (one alert per incident)")

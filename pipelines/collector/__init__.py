@@ -1,33 +1,51 @@
 """``sentinel collect``: poll Flink's REST API and publish input-contract events to Kafka.
 
-One :class:`ClusterCollector` per Flink cluster. Each poll reads ``/jobs/overview`` and, per job:
+One :class:`ClusterCollector` per Flink cluster; every cluster is polled on one event loop, each
+over its own pool of kept-alive connections with at most ``collector.max_concurrent_requests``
+requests under way. Each poll reads ``/jobs/overview`` and the JobManager's heap
+(``/jobmanager/metrics``) once, then polls the jobs side by side, and publishes each job's events
+as soon as that job's poll is done (a slow job, or a slow vertex, delays nobody else's). Per job:
 
 - ``job_status``: the overview entry, ``/jobs/:id/checkpoints`` counts, ``/checkpoints/config``
   (interval, timeout, storage; read until it names the storage or the job has settled, then
-  kept), the ``numRestarts`` job metric and the JobManager's heap (``/jobmanager/metrics``, once
-  per poll);
-- ``checkpoint``: each newly finished checkpoint once, with ``/checkpoints/details/:cid`` and the
-  per-vertex ``/checkpoints/details/:cid/subtasks/:vid``; the ledger remembers what was
-  published, across restarts;
+  kept) and the ``numRestarts`` job metric;
+- ``checkpoint``: each newly finished checkpoint once, with ``/checkpoints/details/:cid/subtasks/:vid``
+  of each vertex (which also carries the vertex's own totals, so ``/checkpoints/details/:cid``
+  is not asked); the ledger remembers what was published, across restarts;
 - ``vertex_metrics`` (running jobs): one request per vertex for the ``<subtask>.<metric>`` ids of
-  ``/jobs/:id/vertices/:vid/metrics``.
+  ``/jobs/:id/vertices/:vid/metrics`` (a metric's older name only until the cluster shows it uses
+  the newer one).
+
+The request budget: what cannot change while a job's tasks do not change state is not asked
+again. ``/jobs/:id`` (the vertices and their parallelism) and ``numRestarts`` are kept while the
+overview's ``last-modification`` of the job (the latest state change of the job or any of its
+tasks: a restart, a rescale, a redeploy) stays the same, once the job has run unchanged for longer
+than Flink's REST and metric caches can be stale (``SETTLE_MS``); before that they are asked at
+every poll.
 
 A job that reaches a terminal state gets two last polls (``job_status`` and its last checkpoints;
 two, because Flink's REST cache can serve the first from before the end), then is left alone. A
 failing request is retried with backoff; what still fails is logged and skipped (a checkpoint
-without details is published without vertices; a job that cannot be read is tried again at the
-next poll, its ledger untouched). A cluster that cannot be reached at all is polled again after a
-growing pause, up to ``collector.max_backoff_s``. Events that do not satisfy the input contract
+whose details are gone is published without vertices; a job that cannot be read is tried again at
+the next poll, its ledger untouched). A cluster that cannot be reached at all is polled again after
+a growing pause, up to ``collector.max_backoff_s``. Events that do not satisfy the input contract
 (a Flink answer nobody foresaw) are logged and counted, never published.
+
+Several collector processes can share a fleet: ``collector.shard`` ``i/N`` makes a process poll
+only the jobs that a rendezvous hash of the job id gives to shard ``i`` of ``N`` (see
+:class:`Shard`), with a ledger file of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import inspect
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 from pipelines.collector import mapping
 from pipelines.collector.ledger import CheckpointLedger
@@ -37,11 +55,56 @@ from pipelines.io.storage import Location
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[list[dict]], None]
+# Takes one job's events; returns once Kafka acknowledged them all (or an awaitable that does),
+# and raises otherwise.
+Publish = Callable[[list[dict]], "Awaitable[None] | None"]
 
-# Ten times Flink's default web.refresh-interval: well past the REST cache's staleness, and
-# tolerant of some clock skew between the collector and the JobManager.
-CHECKPOINT_CONFIG_SETTLE_MS = 30_000
+# Ten times Flink's default web.refresh-interval and three times its metrics.fetcher.update-interval:
+# well past the REST and metric caches' staleness, and tolerant of some clock skew between the
+# collector and the JobManager.
+SETTLE_MS = 30_000
+CHECKPOINT_CONFIG_SETTLE_MS = SETTLE_MS
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count``: the jobs a rendezvous (highest random weight) hash of
+    ``<cluster>/<job id>`` gives to it. Going from N to N+1 shards moves about 1/(N+1) of the jobs,
+    each to the new shard; every job has exactly one owner.
+
+    >>> shards = [Shard(i, 3) for i in range(3)]
+    >>> [sum(s.owns("eu", f"{n:032x}") for s in shards) for n in range(5)]
+    [1, 1, 1, 1, 1]
+    """
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Shard":
+        """``"i/N"`` (0 <= i < N), or None for the whole fleet."""
+        if not text:
+            return cls()
+        index, _, count = text.partition("/")
+        if not (index.strip().isdigit() and count.strip().isdigit()) or not 0 <= int(index) < int(count):
+            raise ValueError(f"shard {text!r}: expected i/N with 0 <= i < N, e.g. 0/4")
+        return cls(int(index), int(count))
+
+    def owns(self, cluster: str, job_id: str) -> bool:
+        if self.count == 1:
+            return True
+        return max(range(self.count), key=lambda k: _weight(k, cluster, job_id)) == self.index
+
+    def ledger_name(self, cluster: str) -> str:
+        base = _file_name(cluster)
+        return f"{base}.json" if self.count == 1 else f"{base}.shard-{self.index}-of-{self.count}.json"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def _weight(shard: int, cluster: str, job_id: str) -> bytes:
+    return hashlib.blake2b(f"{shard}/{cluster}/{job_id}".encode(), digest_size=8).digest()
 
 
 @dataclass
@@ -55,6 +118,8 @@ class PollResult:
     requests: int = 0
     duration_s: float = 0.0
     request_seconds: list[float] = field(default_factory=list)  # each REST request's duration
+    job_polls: int = 0  # jobs of this shard polled (the overview may list more)
+    job_seconds: list[float] = field(default_factory=list)  # from the poll's start to each job's events published
 
     def line(self) -> str:
         kinds = {kind: sum(e["kind"] == kind for e in self.events) for kind in ("job_status", "checkpoint", "vertex_metrics")}
@@ -68,112 +133,221 @@ class PollResult:
         return text
 
 
+@dataclass
+class _JobCache:
+    """What one job's poll keeps for the next: answers that cannot change while the job's tasks
+    keep their state (``last_modification``)."""
+
+    last_modification: object = None
+    vertices: list[dict] | None = None
+    job_metrics: dict | None = None
+
+
 class ClusterCollector:
-    """Polls one Flink cluster; :meth:`poll` publishes and only then records what it published."""
+    """Polls one Flink cluster; each job's checkpoints are recorded in the ledger only once
+    Kafka acknowledged its events, and the ledger is saved at the end of every poll."""
 
     def __init__(self, endpoint: FlinkClusterEndpoint, settings: CollectorConfig, publish: Publish,
                  clock: Callable[[], float] = time.time, source: str = "collector",
-                 storage: StorageConfig | None = None):
+                 storage: StorageConfig | None = None, shard: Shard | None = None):
         self.endpoint = endpoint
         self.publish = publish
         self.clock = clock
         self.source = source
-        self.rest = FlinkRestClient(endpoint.rest_url, settings.request_timeout_s, settings.retries, settings.backoff_s)
-        ledger = (Location.of(settings.state_dir, storage) / f"{_file_name(endpoint.name)}.json"
-                  if settings.state_dir else None)
-        self.ledger = CheckpointLedger(ledger)
+        self.shard = shard or Shard.parse(settings.shard)
+        self.settings = settings
+        self.rest = FlinkRestClient(endpoint.rest_url, settings.request_timeout_s, settings.retries, settings.backoff_s,
+                                    settings.max_concurrent_requests)
+        folder = Location.of(settings.state_dir, storage) if settings.state_dir else None
+        self.ledger = CheckpointLedger(folder / self.shard.ledger_name(endpoint.name) if folder else None)
+        if folder is not None and not self.ledger.jobs:
+            self._adopt_other_ledgers(folder)
         self._checkpoint_config: dict[str, dict] = {}
+        self._jobs: dict[str, _JobCache] = {}
         self._seen_terminal: set[str] = set()
+        self._metric_names = [name for candidates, _ in mapping.SUBTASK_METRICS.values() for name in candidates]
+
+    def _adopt_other_ledgers(self, folder: Location) -> None:
+        """A shard starting without a ledger of its own (the first run with this shard count) takes
+        its jobs' entries from the ledgers the cluster's collectors wrote before (one process, or
+        another shard count), so a job moved between shards is not published again from its start."""
+        base = _file_name(self.endpoint.name)
+        others = [name for name in folder.names() if name == f"{base}.json"
+                  or (name.startswith(f"{base}.shard-") and name.endswith(".json"))]
+        for name in others:
+            if name == self.shard.ledger_name(self.endpoint.name):
+                continue
+            adopted = CheckpointLedger(folder / name).jobs
+            for job_id, entry in adopted.items():
+                if self.shard.owns(self.endpoint.name, job_id):
+                    self.ledger.adopt(job_id, entry)
+        if others:
+            log.info("%s shard %s: took %d jobs' ledger entries from %s", self.endpoint.name, self.shard,
+                     len(self.ledger.jobs), ", ".join(others))
 
     def _now_ms(self) -> int:
         return int(self.clock() * 1000)
 
     def poll(self) -> PollResult:
+        """One poll from synchronous code (the tests, ``--once``): its own event loop, and its
+        connections closed at the end."""
+        async def poll_and_close() -> PollResult:
+            try:
+                return await self.poll_async()
+            finally:
+                await self.rest.close()
+
+        return asyncio.run(poll_and_close())
+
+    async def poll_async(self) -> PollResult:
         started, requests_before = time.monotonic(), self.rest.requests
-        result = self._poll()
-        result.requests, result.duration_s = self.rest.requests - requests_before, time.monotonic() - started
-        result.request_seconds = self.rest.take_latencies()
-        return result
-
-    def _poll(self) -> PollResult:
-        from pipelines.contracts import INPUT
-
         result = PollResult(self.endpoint.name)
         try:
-            overview = self.rest.get("/jobs/overview")
+            await self._poll(result, started)
+        finally:
+            result.requests, result.duration_s = self.rest.requests - requests_before, time.monotonic() - started
+            result.request_seconds = self.rest.take_latencies()
+        return result
+
+    async def _poll(self, result: PollResult, started: float) -> None:
+        overview_task = asyncio.ensure_future(self.rest.get("/jobs/overview"))
+        heap_task = asyncio.ensure_future(self.rest.metrics("/jobmanager/metrics", mapping.JM_HEAP_METRICS))
+        try:
+            overview = await overview_task
         except FlinkRestError as exc:
+            heap_task.cancel()
+            await asyncio.gather(heap_task, return_exceptions=True)
             result.reachable = False
             result.errors.append(str(exc))
-            return result
-        jobs = [job for job in overview.get("jobs") or [] if isinstance(job, dict) and job.get("jid")]
-        result.jobs = len(jobs)
+            return
         try:
-            jm_metrics = self.rest.metrics("/jobmanager/metrics", mapping.JM_HEAP_METRICS)
+            jm_metrics = await heap_task
         except FlinkRestError as exc:
             result.errors.append(str(exc))
             jm_metrics = {}
-        commits: list[Callable[[], None]] = []
-        for job in jobs:
-            if self.ledger.terminal_reported(job["jid"]):
-                continue
-            try:
-                events, commit = self._poll_job(job, jm_metrics, result)
-            except FlinkRestError as exc:
-                result.errors.append(f"job {job['jid']}: {exc}")
-                continue
-            for event in events:
-                problems = INPUT.errors(event)
-                if problems:
-                    result.invalid += 1
-                    log.error("%s: %s event of job %s breaks the input contract (%s); not published",
-                              self.endpoint.name, event["kind"], event["job_id"], "; ".join(problems[:3]))
-                else:
-                    result.events.append(event)
-            commits.append(commit)
-        if result.events:
-            self.publish(result.events)  # raises if Kafka did not acknowledge: nothing is recorded then
-        for commit in commits:
-            commit()
-        self.ledger.forget_except((job["jid"] for job in jobs), self._now_ms())
+        listed = [job for job in overview.get("jobs") or [] if isinstance(job, dict) and job.get("jid")]
+        result.jobs = len(listed)
+        mine = [job for job in listed if self.shard.owns(self.endpoint.name, job["jid"])]
+        jobs = [job for job in mine if not self.ledger.terminal_reported(job["jid"])]
+        result.job_polls = len(jobs)
+        # At most as many jobs under way as requests may be: each job's events are published as
+        # soon as its own requests are answered, instead of every job waiting for the slowest.
+        running = asyncio.Semaphore(self.settings.max_concurrent_requests)
+        publish_failures: list[BaseException] = []
+
+        async def one(job: dict) -> None:
+            async with running:
+                try:
+                    await self._collect_job(job, jm_metrics, result, publish_failures, started)
+                except Exception as exc:  # noqa: BLE001 - one job's odd answer must not stop the others' polls
+                    log.exception("%s: job %s: %s", self.endpoint.name, job["jid"], exc)
+                    result.errors.append(f"job {job['jid']}: {type(exc).__name__}: {exc}")
+
+        await asyncio.gather(*(one(job) for job in jobs))
+        mine_ids = {job["jid"] for job in mine}
+        self.ledger.forget_except(mine_ids, self._now_ms())
+        for gone in [j for j in self._jobs if j not in mine_ids]:
+            del self._jobs[gone]
+        for gone in [j for j in self._checkpoint_config if j not in mine_ids]:
+            del self._checkpoint_config[gone]
+        self._seen_terminal &= mine_ids
         self.ledger.save()
         for error in result.errors:
             log.warning("%s: %s", self.endpoint.name, error)
-        return result
+        if publish_failures:
+            raise publish_failures[0]  # Kafka did not take some jobs' events: they are polled again
 
-    def _poll_job(self, job: dict, jm_metrics: dict, result: PollResult) -> tuple[list[dict], Callable[[], None]]:
+    async def _collect_job(self, job: dict, jm_metrics: dict, result: PollResult,
+                           publish_failures: list[BaseException], started: float) -> None:
+        from pipelines.contracts import INPUT
+
+        try:
+            events, commit = await self._poll_job(job, jm_metrics, result)
+        except FlinkRestError as exc:
+            result.errors.append(f"job {job['jid']}: {exc}")
+            return
+        valid = []
+        for event in events:
+            if INPUT.accepts(event):
+                valid.append(event)
+                continue
+            result.invalid += 1
+            log.error("%s: %s event of job %s breaks the input contract (%s); not published",
+                      self.endpoint.name, event["kind"], event["job_id"], "; ".join(INPUT.errors(event)[:3]))
+        try:
+            if valid:
+                outcome = self.publish(valid)
+                if inspect.isawaitable(outcome):
+                    await outcome
+        except Exception as exc:  # noqa: BLE001 - nothing recorded: the next poll publishes them again
+            publish_failures.append(exc)
+            return
+        commit()
+        result.events.extend(valid)
+        result.job_seconds.append(time.monotonic() - started)
+
+    def _settled(self, job: dict, state: str, sampled_at: int) -> bool:
+        changed_at = job.get("last-modification")  # the last change of the job's or a task's state
+        return state == "RUNNING" and isinstance(changed_at, int) and sampled_at - changed_at >= SETTLE_MS
+
+    async def _poll_job(self, job: dict, jm_metrics: dict, result: PollResult) -> tuple[list[dict], Callable[[], None]]:
         job_id = job["jid"]
         name = self.endpoint.name
         state = str(job.get("state") or "").upper()
         sampled_at = self._now_ms()
-        details = self.rest.get(f"/jobs/{job_id}")
-        vertices = [v for v in details.get("vertices") or [] if isinstance(v, dict) and v.get("id")]
-        checkpoints = self.rest.get(f"/jobs/{job_id}/checkpoints")
-        checkpoint_config = self._checkpoint_config.get(job_id)
-        if checkpoint_config is None:
-            checkpoint_config = self._read_checkpoint_config(job, state, sampled_at)
+        cache = self._jobs.get(job_id)
+        settled = self._settled(job, state, sampled_at)
+        unchanged = cache is not None and settled and cache.last_modification == job.get("last-modification")
+        if not unchanged:
+            cache = self._jobs[job_id] = _JobCache(job.get("last-modification"))
+
+        async def job_metrics() -> dict:
+            if cache.job_metrics is not None:
+                return cache.job_metrics
+            try:
+                values = await self.rest.metrics(f"/jobs/{job_id}/metrics", mapping.JOB_METRICS)
+            except FlinkRestError as exc:
+                result.errors.append(f"job {job_id}: {exc}")
+                return {}
+            if settled and all(name in values for name in mapping.JOB_METRICS):
+                cache.job_metrics = values  # Flink's first answers can lack a metric: asked again
+            return values
+
+        async def vertices() -> list[dict]:
+            if cache.vertices is not None:
+                return cache.vertices
+            details = await self.rest.get(f"/jobs/{job_id}")
+            found = [v for v in details.get("vertices") or [] if isinstance(v, dict) and v.get("id")]
+            if settled:
+                cache.vertices = found
+            return found
+
+        async def checkpoint_config() -> dict:
+            known = self._checkpoint_config.get(job_id)
+            return known if known is not None else await self._read_checkpoint_config(job, state, sampled_at)
+
+        details_task = asyncio.ensure_future(vertices())
+        checkpoints_task = asyncio.ensure_future(self.rest.get(f"/jobs/{job_id}/checkpoints"))
+        config_task = asyncio.ensure_future(checkpoint_config())
+        metrics_task = asyncio.ensure_future(job_metrics())
         try:
-            job_metrics = self.rest.metrics(f"/jobs/{job_id}/metrics", mapping.JOB_METRICS)
-        except FlinkRestError as exc:
-            result.errors.append(f"job {job_id}: {exc}")
-            job_metrics = {}
-        events = [mapping.job_status_event(name, job, checkpoints, checkpoint_config, job_metrics,
-                                           jm_metrics, sampled_at, self.endpoint.max_state_size_bytes, self.source)]
+            job_vertices, checkpoints, config, metrics = await asyncio.gather(
+                details_task, checkpoints_task, config_task, metrics_task)
+        except BaseException:
+            for task in (details_task, checkpoints_task, config_task, metrics_task):
+                task.cancel()
+            await asyncio.gather(details_task, checkpoints_task, config_task, metrics_task, return_exceptions=True)
+            raise
+        status = mapping.job_status_event(name, job, checkpoints, config, metrics, jm_metrics, sampled_at,
+                                          self.endpoint.max_state_size_bytes, self.source)
 
         history = [c for c in checkpoints.get("history") or [] if isinstance(c, dict) and "id" in c]
         fresh = self.ledger.unpublished(job_id, history)
-        for checkpoint in fresh:
-            events.append(self._checkpoint(job, checkpoint, vertices, result))
-
-        if state == "RUNNING":
-            for vertex in vertices:
-                try:
-                    values = self.rest.metrics(f"/jobs/{job_id}/vertices/{vertex['id']}/metrics",
-                                               mapping.subtask_metric_names(int(vertex.get("parallelism") or 1)))
-                except FlinkRestError as exc:
-                    result.errors.append(f"job {job_id} vertex {vertex['id']}: {exc}")
-                    continue
-                events.append(mapping.vertex_metrics_event(name, job, vertex, values, self._now_ms(), self.source))
-
+        checkpoint_events = [self._checkpoint(job, checkpoint, job_vertices, result) for checkpoint in fresh]
+        vertex_events = ([self._vertex_metrics(job, vertex, result) for vertex in job_vertices]
+                         if state == "RUNNING" else [])
+        done = await asyncio.gather(*checkpoint_events, *vertex_events)
+        events = [status, *(event for event in done if event is not None)]
         published_ids = [int(c["id"]) for c in fresh]
 
         def commit() -> None:
@@ -188,7 +362,19 @@ class ClusterCollector:
 
         return events, commit
 
-    def _read_checkpoint_config(self, job: dict, state: str, sampled_at: int) -> dict:
+    async def _vertex_metrics(self, job: dict, vertex: dict, result: PollResult) -> dict | None:
+        job_id = job["jid"]
+        parallelism = int(vertex.get("parallelism") or 1)
+        try:
+            values = await self.rest.metrics(f"/jobs/{job_id}/vertices/{vertex['id']}/metrics",
+                                             mapping.subtask_metric_names(parallelism, self._metric_names))
+        except FlinkRestError as exc:
+            result.errors.append(f"job {job_id} vertex {vertex['id']}: {exc}")
+            return None
+        self._metric_names = mapping.names_in_use(self._metric_names, values)
+        return mapping.vertex_metrics_event(self.endpoint.name, job, vertex, values, self._now_ms(), self.source)
+
+    async def _read_checkpoint_config(self, job: dict, state: str, sampled_at: int) -> dict:
         """``/checkpoints/config``, kept for the job's life once it can no longer change.
 
         Flink answers it from a cached execution graph (refreshed every ``web.refresh-interval``,
@@ -199,29 +385,40 @@ class ClusterCollector:
         answer would lose the JobManager storage's state limit for the job's whole life."""
         job_id = job["jid"]
         try:
-            config = self.rest.get(f"/jobs/{job_id}/checkpoints/config")
+            config = await self.rest.get(f"/jobs/{job_id}/checkpoints/config")
         except FlinkRestError as exc:
             if exc.status != 404:  # a job without checkpointing has no checkpoint config
                 raise
             config = {}
-        changed_at = job.get("last-modification")  # the last change of the job's or a task's state
-        settled = (state == "RUNNING" and isinstance(changed_at, int)
-                   and sampled_at - changed_at >= CHECKPOINT_CONFIG_SETTLE_MS)
-        if config.get("checkpoint_storage") or settled:
+        if config.get("checkpoint_storage") or self._settled(job, state, sampled_at):
             self._checkpoint_config[job_id] = config
         return config
 
-    def _checkpoint(self, job: dict, checkpoint: dict, vertices: list[dict], result: PollResult) -> dict:
+    async def _checkpoint(self, job: dict, checkpoint: dict, vertices: list[dict], result: PollResult) -> dict:
+        """The checkpoint's event, with each vertex's ``/checkpoints/details/:cid/subtasks/:vid``:
+        that answer holds the vertex's totals too (what ``/checkpoints/details/:cid`` lists per
+        vertex), so the details themselves are not asked. A vertex the checkpoint did not include
+        answers 404 and is left out; when every vertex does, the checkpoint is gone from Flink's
+        cache and its summary from the history is published without vertices."""
         job_id, checkpoint_id = job["jid"], int(checkpoint["id"])
-        details: dict | None = None
+        base = f"/jobs/{job_id}/checkpoints/details/{checkpoint_id}/subtasks/"
+        answers = await asyncio.gather(*(self.rest.get(base + vertex["id"]) for vertex in vertices),
+                                       return_exceptions=True)
         subtasks: dict[str, dict] = {}
-        try:
-            details = self.rest.get(f"/jobs/{job_id}/checkpoints/details/{checkpoint_id}")
-            for vertex_id in (details.get("tasks") or {}):
-                subtasks[vertex_id] = self.rest.get(f"/jobs/{job_id}/checkpoints/details/{checkpoint_id}/subtasks/{vertex_id}")
-        except FlinkRestError as exc:
-            # The summary from the history is still worth publishing; vertices are what is missing.
-            result.errors.append(f"job {job_id} checkpoint {checkpoint_id} details: {exc}")
+        missing: list[FlinkRestError] = []
+        for vertex, answer in zip(vertices, answers):
+            if isinstance(answer, FlinkRestError):
+                if answer.status == 404:
+                    missing.append(answer)
+                else:
+                    result.errors.append(f"job {job_id} checkpoint {checkpoint_id} details of vertex {vertex['id']}: {answer}")
+            elif isinstance(answer, BaseException):
+                raise answer
+            elif isinstance(answer, dict):
+                subtasks[vertex["id"]] = answer
+        if vertices and len(missing) == len(vertices):
+            result.errors.append(f"job {job_id} checkpoint {checkpoint_id} details: {missing[0]}")
+        details = {"tasks": subtasks} if subtasks else None
         return mapping.checkpoint_event(self.endpoint.name, job, checkpoint, details, subtasks, vertices, self.source)
 
 
@@ -229,10 +426,14 @@ def _file_name(cluster: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in cluster)
 
 
-def kafka_publisher(config) -> tuple[Publish, Callable[[], None]]:
+def kafka_publisher(config, awaitable: bool = False) -> tuple[Publish, Callable[[], None]]:
     """Send events to the input topic, keyed ``<cluster>/<job_id>``; returns (publish, close).
-    ``publish`` returns only once Kafka acknowledged every event, and raises otherwise."""
-    import json
+
+    ``publish`` returns only once Kafka acknowledged every event, and raises otherwise. With
+    ``awaitable`` (for a collector's event loop), called from a running loop it returns at once an
+    awaitable that completes then, without blocking the loop: the other jobs' requests go on
+    meanwhile."""
+    import orjson
 
     from pipelines.contracts import input_event_key
     from pipelines.io import kafka_clients
@@ -241,22 +442,53 @@ def kafka_publisher(config) -> tuple[Publish, Callable[[], None]]:
     kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
     producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
     lock = threading.Lock()
+    topic = config.topics.input
 
-    def publish(events: list[dict]) -> None:
-        with lock:
-            futures = [producer.send(config.topics.input, key=input_event_key(event),
-                                     value=json.dumps(event, separators=(",", ":")).encode()) for event in events]
-            producer.flush()
+    def send(events: list[dict]) -> list:
+        return [producer.send(topic, key=input_event_key(event), value=orjson.dumps(event)) for event in events]
+
+    def publish(events: list[dict]):
+        try:
+            loop = asyncio.get_running_loop() if awaitable else None
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            with lock:
+                futures = send(events)
+                producer.flush()
             for future in futures:
                 future.get(timeout=kafka.connect_timeout_s)
+            return None
+        acknowledged = loop.create_future()
+        pending = [len(events)]
 
-    return publish, producer.close
+        def settle(error: BaseException | None) -> None:
+            if acknowledged.done():
+                return
+            if error is not None:
+                acknowledged.set_exception(error)
+                return
+            pending[0] -= 1
+            if pending[0] == 0:
+                acknowledged.set_result(None)
+
+        for future in send(events):
+            # The producer's own thread completes these: hand the outcome to the loop.
+            future.add_callback(lambda _: loop.call_soon_threadsafe(settle, None))
+            future.add_errback(lambda exc: loop.call_soon_threadsafe(settle, exc))
+        return asyncio.wait_for(acknowledged, timeout=max(kafka.connect_timeout_s, 30.0))
+
+    def close() -> None:
+        producer.flush()
+        producer.close()
+
+    return publish, close
 
 
 def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool = False,
                   stop: threading.Event | None = None, report: Callable[[PollResult], None] | None = None,
                   publish: Publish | None = None, metrics=None) -> list[PollResult]:
-    """Poll every cluster (each on its own thread when continuous) until ``stop`` is set.
+    """Poll every cluster until ``stop`` is set, all of them on one event loop.
 
     With ``once``, polls each cluster once and returns the results (the cron-style mode). Every
     poll is accounted in ``metrics`` (a :class:`~pipelines.telemetry.CollectorMetrics`) when given."""
@@ -271,44 +503,41 @@ def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool 
 
     close: Callable[[], None] = lambda: None
     if publish is None:
-        publish, close = kafka_publisher(config)
+        publish, close = kafka_publisher(config, awaitable=True)
     settings = config.collector
-    collectors = [ClusterCollector(endpoint, settings, publish, storage=config.storage) for endpoint in endpoints]
+    shard = Shard.parse(settings.shard)
+    collectors = [ClusterCollector(endpoint, settings, publish, storage=config.storage, shard=shard)
+                  for endpoint in endpoints]
     stop = stop or threading.Event()
     results: list[PollResult] = []
-    try:
-        if once:
-            for collector in collectors:
-                results.append(collector.poll())
-                if report:
-                    report(results[-1])
-            return results
-        threads = [threading.Thread(target=_poll_forever, args=(c, settings, stop, report), daemon=True,
-                                    name=f"collect-{c.endpoint.name}") for c in collectors]
-        for thread in threads:
-            thread.start()
+
+    async def main() -> None:
         try:
-            while any(t.is_alive() for t in threads):
-                for thread in threads:
-                    thread.join(timeout=0.5)
-        except KeyboardInterrupt:
-            # Let a poll in flight finish, so what it published is also recorded in its ledger.
-            stop.set()
-            for thread in threads:
-                thread.join(timeout=settings.request_timeout_s * (settings.retries + 1) + 5)
-            raise
+            if once:
+                for collector in collectors:
+                    results.append(await collector.poll_async())
+                    if report:
+                        report(results[-1])
+                return
+            await asyncio.gather(*(_poll_forever(c, settings, stop, report) for c in collectors))
+        finally:
+            for collector in collectors:
+                await collector.rest.close()
+
+    try:
+        asyncio.run(main())
         return results
     finally:
         close()
 
 
-def _poll_forever(collector: ClusterCollector, settings: CollectorConfig, stop: threading.Event,
-                  report: Callable[[PollResult], None] | None) -> None:
+async def _poll_forever(collector: ClusterCollector, settings: CollectorConfig, stop: threading.Event,
+                        report: Callable[[PollResult], None] | None) -> None:
     failures = 0
     while not stop.is_set():
         started = time.monotonic()
         try:
-            result = collector.poll()
+            result = await collector.poll_async()
         except Exception as exc:  # noqa: BLE001 - one bad poll (Kafka down, a bug on odd input) must not end collection
             log.exception("%s: poll failed: %s", collector.endpoint.name, exc)
             result = PollResult(collector.endpoint.name, reachable=False, errors=[f"{type(exc).__name__}: {exc}"])
@@ -316,4 +545,7 @@ def _poll_forever(collector: ClusterCollector, settings: CollectorConfig, stop: 
             report(result)
         failures = 0 if result.reachable else failures + 1
         pause = settings.interval_s if failures == 0 else min(settings.max_backoff_s, settings.interval_s * 2 ** failures)
-        stop.wait(max(0.0, pause - (time.monotonic() - started)) if failures == 0 else pause)
+        deadline = time.monotonic() + (max(0.0, pause - (time.monotonic() - started)) if failures == 0 else pause)
+        # The stop event is a thread's (set from a signal handler): looked at every tenth of a second.
+        while not stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.1, max(0.0, deadline - time.monotonic())))

@@ -87,6 +87,18 @@ class CheckpointLedger:
         entry["watermark"] = watermark
         entry["published"] = sorted(i for i in published if i > watermark)
 
+    def adopt(self, job_id: str, entry: Mapping[str, Any]) -> None:
+        """Take a job's entry from another ledger of the same cluster (one another collector
+        process wrote): merged with this one's, nothing published by either is published again."""
+        mine = self.jobs.get(job_id)
+        if mine is None:
+            self.jobs[job_id] = {**entry, "published": list(entry["published"])}
+            return
+        watermark = max(mine["watermark"], entry["watermark"])
+        mine["published"] = sorted(i for i in set(mine["published"]) | set(entry["published"]) if i > watermark)
+        mine["watermark"] = watermark
+        mine["terminal_reported"] = mine["terminal_reported"] or entry["terminal_reported"]
+
     def terminal_reported(self, job_id: str) -> bool:
         return bool(self.jobs.get(job_id, {}).get("terminal_reported"))
 

@@ -88,10 +88,29 @@ def _count(value: Any) -> int | None:
     return int(number) if number is not None and number >= 0 else None
 
 
-def subtask_metric_names(parallelism: int) -> list[str]:
-    """The per-subtask ids (``<index>.<metric>``) to request from ``/vertices/:vid/metrics``."""
-    names = [name for candidates, _ in SUBTASK_METRICS.values() for name in candidates]
+def subtask_metric_names(parallelism: int, names: Iterable[str] | None = None) -> list[str]:
+    """The per-subtask ids (``<index>.<metric>``) to request from ``/vertices/:vid/metrics``: of
+    ``names`` (by default every name of :data:`SUBTASK_METRICS`, older ones included)."""
+    if names is None:
+        names = [name for candidates, _ in SUBTASK_METRICS.values() for name in candidates]
+    names = list(names)
     return [f"{index}.{name}" for index in range(parallelism) for name in names]
+
+
+def names_in_use(names: list[str], values: Mapping[str, Any]) -> list[str]:
+    """``names`` without the older names of a metric whose first-choice name ``values`` (an answer
+    of ``/vertices/:vid/metrics``) holds: a cluster that answers the newer name never uses the older.
+
+    >>> names_in_use(["busyTimeMsPerSecond", "Shuffle.Netty.Input.Buffers.inPoolUsage", "buffers.inPoolUsage"],
+    ...              {"0.Shuffle.Netty.Input.Buffers.inPoolUsage": "0.1"})
+    ['busyTimeMsPerSecond', 'Shuffle.Netty.Input.Buffers.inPoolUsage']
+    """
+    dropped = set()
+    for candidates, _ in SUBTASK_METRICS.values():
+        if len(candidates) > 1 and candidates[1] in names and any(
+                key.endswith("." + candidates[0]) for key in values):
+            dropped.update(candidates[1:])
+    return [name for name in names if name not in dropped] if dropped else names
 
 
 def _event(kind: str, cluster: str, job: Mapping[str, Any], ts: int, source: str) -> dict:

@@ -12,6 +12,7 @@ import gzip
 import json
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -28,7 +29,7 @@ class RecordedFlink:
         self.polls = polls
         self.poll = 0
         self.requests: list[str] = []
-        # path prefix -> list of faults to apply to the next matching requests, in order:
+        # path prefix (or exact path, ending in "$") -> faults for the next matching requests, in order:
         # an int (HTTP status), "hang" (longer than any client timeout) or "garbage" (not JSON).
         self.faults: dict[str, list] = {}
         self.hang_s = 3.0
@@ -51,7 +52,8 @@ class RecordedFlink:
     def _answer(self, path: str) -> tuple[int, bytes]:
         self.requests.append(path)
         for prefix, faults in self.faults.items():
-            if path.startswith(prefix) and faults:
+            matches = path.partition("?")[0] == prefix[:-1] if prefix.endswith("$") else path.startswith(prefix)
+            if matches and faults:
                 fault = faults.pop(0)
                 if fault == "hang":
                     time.sleep(self.hang_s)
@@ -61,9 +63,18 @@ class RecordedFlink:
                 return int(fault), json.dumps({"errors": [f"injected HTTP {fault}"]}).encode()
         # The current poll's answer, else the latest earlier one: static answers (a job's checkpoint
         # configuration) were recorded only the first time the collector asked.
+        base, _, query = path.partition("?")
+        asked = urllib.parse.parse_qs(query).get("get", [""])[0].split(",") if base.endswith("/metrics") else None
         for answers in reversed(self.polls[:min(self.poll, len(self.polls) - 1) + 1]):
             if path in answers:
                 return 200, json.dumps(answers[path]).encode()
+            if asked:
+                # A metric query as Flink answers it: the requested ids it has, whatever else the
+                # recorded request asked for.
+                recorded = [item for key, answer in answers.items() if key.partition("?")[0] == base
+                            for item in answer or []]
+                if recorded:
+                    return 200, json.dumps([item for item in recorded if item["id"] in asked]).encode()
         return 404, json.dumps({"errors": ["Not found: " + path]}).encode()
 
     def _handler(self):

@@ -110,7 +110,7 @@ def test_server_errors_garbage_and_timeouts_are_retried(tmp_path):
         flink.hang_s = 1.5
         flink.faults = {"/jobs/overview": [503, "garbage"], "/jobmanager/metrics": ["hang"]}
         result = collector_for(flink, tmp_path, published).poll()
-        assert flink.requests[:3] == ["/jobs/overview"] * 3
+        assert flink.requests.count("/jobs/overview") == 3
     assert result.reachable and result.errors == []
     assert set(checkpoint_ids(published)) == finished_ids(polls[1])
     heap = [e["jm_heap_used_bytes"] for e in published if e["kind"] == "job_status"]
@@ -122,7 +122,8 @@ def test_missing_checkpoint_details_publish_the_summary_without_vertices(tmp_pat
     published: list[dict] = []
     with RecordedFlink(polls) as flink:
         job_id = polls[0]["/jobs/overview"]["jobs"][0]["jid"]
-        flink.faults = {f"/jobs/{job_id}/checkpoints/details/2": [404]}
+        # Gone from Flink's checkpoint statistics cache: every vertex's details of it are a 404.
+        flink.faults = {f"/jobs/{job_id}/checkpoints/details/2/": [404] * 8}
         result = collector_for(flink, tmp_path, published).poll()
     assert any("checkpoint 2 details" in e and "404" in e for e in result.errors)
     by_id = {e["checkpoint_id"]: e for e in published if e["kind"] == "checkpoint"}
@@ -135,7 +136,7 @@ def test_a_job_that_cannot_be_read_is_tried_again_next_poll_with_nothing_lost(tm
     published: list[dict] = []
     with RecordedFlink(polls) as flink:
         job_id = polls[0]["/jobs/overview"]["jobs"][0]["jid"]
-        flink.faults = {f"/jobs/{job_id}/checkpoints": [500, 500, 500]}  # every retry of this poll
+        flink.faults = {f"/jobs/{job_id}/checkpoints$": [500, 500, 500]}  # every retry of this poll
         collector = collector_for(flink, tmp_path, published)
         failed = collector.poll()
         assert failed.reachable and failed.errors and checkpoint_ids(published) == []
