@@ -476,6 +476,11 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
         if venv.name == LabConfig.default_venv(config.lab.flink_version).name:
             venv = venv.with_name(LabConfig.default_venv(args.flink_version).name)
         config.lab = config.lab.model_copy(update={"flink_version": args.flink_version, "flink_venv": venv})
+    if args.merge_from:
+        target = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
+        merged = lab.merge_runs(Path(args.merge_from), target)
+        print(f"added {len(merged)} runs of {args.merge_from} to {target}")
+        return 0
     if args.grid:
         if args.grid not in GRIDS:
             raise UsageError(f"unknown grid {args.grid!r}; choose from {', '.join(GRIDS)}")
@@ -685,14 +690,17 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "with --grid, lab.corpus_dir)")
     lab_command.add_argument("--no-kafka", action="store_true", help="only record; do not publish to the input topic")
     lab_command.add_argument("--keep-cluster", action="store_true", help="leave the Flink cluster running afterwards")
-    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus, long) not yet in the "
+    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus, long, sql) not yet in the "
                                                             "dataset folder; resumable")
-    lab_command.add_argument("--only", metavar="GLOB", help="with --grid: only the variants whose run id matches")
+    lab_command.add_argument("--only", metavar="GLOB", help="with --grid: only the variants whose run id matches "
+                                                               "(globs separated by commas)")
     lab_command.add_argument("--concurrency", type=int, default=3, help="with --grid: jobs running side by side "
                                                                         "(default 3)")
     lab_command.add_argument("--kafka", action="store_true", help="with --grid: also publish to the input topic")
     lab_command.add_argument("--forget", action="store_true", help="with --grid (and --only): take the recorded runs "
                                                                    "out of the dataset, to record them again")
+    lab_command.add_argument("--merge-from", metavar="DIR", help="add the runs recorded in dataset folder DIR to "
+                                                                  "--dataset (default lab.corpus_dir), in their splits")
     lab_command.add_argument("--flink-version", metavar="VERSION",
                              help="apache-flink version to run (default lab.flink_version); each version gets its "
                                   "own virtualenv (.venv-flink-VERSION) and cluster folder: a second cluster at once "

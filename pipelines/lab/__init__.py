@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -30,7 +31,7 @@ from feature_store.job_features import STOPPING_FAILURES
 from pipelines import datasets
 from pipelines.datasets import read_jsonl, write_jsonl
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE
-from pipelines.lab.scenarios import NAMED, LabVariant
+from pipelines.lab.scenarios import DATASTREAM, LONG_RUN_S, NAMED, LabVariant
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,25 @@ def remove_runs(dataset: Path, run_ids: Sequence[str]) -> list[str]:
     return gone
 
 
+def merge_runs(source: Path, target: Path) -> list[str]:
+    """Add the runs recorded in the dataset folder ``source`` to ``target`` (each in the split it
+    was recorded in; a run ``target`` holds already is replaced); returns their run ids."""
+    runs = lab_manifest(source).get("runs", {})
+    for split in sorted({run["split"] for run in runs.values()}):
+        path = datasets.events_path(source, split)
+        events: dict[str, list[dict]] = {}
+        for event in read_jsonl(path) if path else ():
+            events.setdefault(event["job_id"], []).append(event)
+        truths = {t["job_id"]: t for t in read_jsonl(source / split / "ground_truth.jsonl")}
+        for run_id, info in sorted(runs.items()):
+            held = lab_manifest(target).get("runs", {}).get(run_id)
+            if held is not None and held["job_id"] != info["job_id"]:
+                remove_runs(target, [run_id])  # recorded again since: the new recording replaces it
+            if info["split"] == split:
+                record_run(target, split, events.get(info["job_id"], []), truths[info["job_id"]], info)
+    return sorted(runs)
+
+
 def unsound(variant: LabVariant, events: Sequence[dict]) -> str | None:
     """Why a recorded run does not show its scenario (the lab failed, not the job), or None."""
     completed = sum(1 for e in events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED")
@@ -114,6 +134,11 @@ def record_run(dataset: Path, split: str, events: list[dict], truth: dict, info:
     manifest.setdefault("runs", {})
     if info is not None:
         manifest["runs"][info["run_id"]] = info
+    for entry in manifest["runs"].values():
+        # Runs recorded before versions, kinds and lengths were told apart: all DataStream jobs.
+        entry.setdefault("job_kind", DATASTREAM)
+        if "duration_s" in entry:
+            entry.setdefault("length", "long" if entry["duration_s"] >= LONG_RUN_S else "short")
     manifest["splits"][split] = {"jobs": len(truths) + 1, "events": len(merged),
                                  "job_ids": sorted([t["job_id"] for t in truths] + [truth["job_id"]])}
     manifest["scenarios"] = sorted({t["scenario"] for s in manifest["splits"]
@@ -152,13 +177,14 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
             if not failures:
                 continue  # the cause never failed a checkpoint in this run
             onset = failures[0]
-        vertex_id = names.get(fault.vertex) if fault.vertex else None
+        vertex_name = _vertex_name(fault, names)
+        vertex_id = names.get(vertex_name) if vertex_name else None
         if fault.family == BACKPRESSURE:
             onset = backpressure_onset(events, vertex_id, onset)
             if onset is None:
                 continue  # the slowdown never backed up into another vertex in this run
         faults.append({"family": fault.family, "onset_ts": onset, "vertex_id": vertex_id,
-                       "vertex_name": fault.vertex if vertex_id else None,
+                       "vertex_name": vertex_name if vertex_id else None,
                        "subtask_index": _hot_subtask(events, vertex_id, onset_ms) if fault.hot_subtask else None,
                        "description": variant.description})
     if failures and not any(f["family"] == CHECKPOINT_FAILURE for f in faults):
@@ -172,6 +198,19 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
             "family": faults[0]["family"] if faults else "healthy", "families": sorted({f["family"] for f in faults}),
             "run_id": variant.run_id, "seed": None, "index": 0, "start_ts": start_ts, "end_ts": end_ts,
             "source": "lab", "faults": faults}
+
+
+def _vertex_name(fault, names: dict[str, str]) -> str | None:
+    """The fault's vertex as the collector reported it: its operator's name, or the one name that
+    matches its pattern (a SQL job's vertices are named by Flink's planner)."""
+    if fault.vertex is not None or fault.vertex_pattern is None:
+        return fault.vertex
+    matching = sorted(name for name in names if re.search(fault.vertex_pattern, name))
+    if len(matching) != 1:
+        log.warning("%d vertices match %r (%s): the fault is labelled without a vertex", len(matching),
+                    fault.vertex_pattern, "; ".join(matching) or "none")
+        return None
+    return matching[0]
 
 
 BACKPRESSURED_MS_PER_S = 100.0  # Flink's web UI calls a subtask backpressured from 10 % of its time

@@ -24,7 +24,8 @@ from fnmatch import fnmatch
 
 from pipelines.lab.scenarios import (DATASTREAM, ORIGINAL_VERSION, LabVariant, backpressure, checkpoint_timeout, healthy_bursty, healthy_subsecond,
                                      healthy_timer, healthy_ttl, healthy_window, leak_after_plateau, leak_one_of_two,
-                                     leak_slow_on_ttl, leak_start, restart_loop, skew, storage_outage)
+                                     leak_slow_on_ttl, leak_start, restart_loop, skew, sql_dedup_ttl, sql_join_leak,
+                                     sql_skew, sql_slow_udf, sql_window, storage_outage)
 
 SPLIT_SEED = 0  # the first seed whose test and validation splits cover every sub-variant (severity, with or without backpressure, leak kinds)
 FRACTIONS = (0.6, 0.2, 0.2)
@@ -139,6 +140,17 @@ def _long_variants() -> list[LabVariant]:
     return [v.with_(run_id=f"{v.run_id}-d{LONG_MIN}m") for v in long_runs]
 
 
+def _sql_variants() -> list[LabVariant]:
+    """SQL / Table API jobs, two parameter combinations of each, with the vertex names Flink generates."""
+    return [
+        sql_window(30, 1, 150), sql_window(60, 2, 120, "rocksdb"),
+        sql_join_leak(1, 100), sql_join_leak(2, 120, "rocksdb"),
+        sql_dedup_ttl(90, 1, 150), sql_dedup_ttl(60, 2, 120, "rocksdb"),
+        sql_skew(3, 0.85, 200), sql_skew(2, 0.9, 150),
+        sql_slow_udf(2, 0.25, 200), sql_slow_udf(2, 0.4, 150),
+    ]
+
+
 def stratum(variant: LabVariant) -> str:
     """The group a variant's split is drawn in. The original grid's strata are its scenarios (as
     they were when it was recorded); every other stratum is (version, kind, length, scenario),
@@ -171,7 +183,7 @@ def assign_splits(variants: list[LabVariant], seed: int = SPLIT_SEED, fractions=
 
 def _grid(variants: list[LabVariant], only: str | None, version: str) -> list[LabVariant]:
     """The variants recorded on ``version`` with their splits, optionally those whose run id
-    matches ``only`` (a glob), interleaved across scenarios: a grid stopped half-way has recorded
+    matches ``only`` (globs separated by commas), interleaved across scenarios: a grid stopped half-way has recorded
     some of each."""
     variants = [v for v in assign_splits(variants) if v.flink_version == version]
     ids = [v.run_id for v in variants]
@@ -182,7 +194,8 @@ def _grid(variants: list[LabVariant], only: str | None, version: str) -> list[La
         by_scenario.setdefault(variant.scenario, []).append(variant)
     interleaved = [group[i] for i in range(max(map(len, by_scenario.values())))
                    for group in by_scenario.values() if i < len(group)]
-    return [v for v in interleaved if only is None or fnmatch(v.run_id, only)]
+    patterns = only.split(",") if only else None
+    return [v for v in interleaved if patterns is None or any(fnmatch(v.run_id, p) for p in patterns)]
 
 
 def _on_versions(variants: list[LabVariant], version: str) -> list[LabVariant]:
@@ -200,4 +213,9 @@ def long_runs(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[
     return _grid(_on_versions(_long_variants(), version), only, version)
 
 
-GRIDS = {"corpus": corpus, "long": long_runs}
+def sql(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """The SQL / Table API grid of short runs."""
+    return _grid(_on_versions(_sql_variants(), version), only, version)
+
+
+GRIDS = {"corpus": corpus, "long": long_runs, "sql": sql}

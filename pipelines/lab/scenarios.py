@@ -6,8 +6,9 @@ it runs and the faults it must be labelled with. Scenario builders turn a few pa
 variant, so the corpus (``pipelines/lab/corpus.py``) is a grid of parameter combinations and
 ``sentinel lab NAME`` runs one named variant.
 
-Faults name the operator they live in (the job names its vertices after its operators) or
-nothing for a job-level fault. A fault caused by another (failing checkpoints behind
+Faults name the operator they live in (the DataStream job names its vertices after its
+operators; a SQL job's vertex is found by a pattern over the names Flink gave it) or nothing for
+a job-level fault. A fault caused by another (failing checkpoints behind
 backpressure, backpressure behind a hot key) is listed too: on-call must hear of it, in the
 cause's incident or in its own.
 """
@@ -29,6 +30,8 @@ class LabFault:
     vertex: str | None  # operator name; None: the job as a whole
     hot_subtask: bool = False  # a skew's hot subtask is read from the run (most records after the onset)
     at_first_failure: bool = False  # onset = the first failed checkpoint after the fault's onset, if any
+    # A vertex whose name Flink generates (SQL): a regular expression its REST name must match, alone.
+    vertex_pattern: str | None = None
 
 
 @dataclass(frozen=True)
@@ -225,9 +228,52 @@ def storage_outage(period_s=40, down_s=25, p=1, rate=150, backend="hashmap", ons
                       (LabFault(CHECKPOINT_FAILURE, None),), onset_s, (), duration_s, storage_outage=(period_s, down_s))
 
 
+# --- SQL / Table API jobs (flink_jobs/sql_job.py) ------------------------------------------------------
+
+def _sql(run_id: str, scenario: str, description: str, query: str, faults=(), onset_s=0.0, onset_args=(),
+         duration_s=300, **args) -> LabVariant:
+    return LabVariant(run_id, scenario, description, {"query": query, **_args(**args)}, tuple(faults), onset_s,
+                      onset_args, duration_s, kind=SQL, script="sql_job.py")
+
+
+def sql_window(window_s=30, p=1, rate=150, backend="hashmap", duration_s=300):
+    return _sql(_id("sql_window", f"w{window_s}", backend, f"p{p}", f"r{rate}"), "sql_window",
+                f"SQL: a {window_s}s tumbling window aggregation (TUMBLE, GROUP BY): state fills and empties",
+                "window", duration_s=duration_s, window_s=window_s, parallelism=p, rate=rate, **_backend(backend))
+
+
+def sql_join_leak(p=1, rate=100, backend="hashmap", duration_s=300):
+    return _sql(_id("sql_join_leak", backend, f"p{p}", f"r{rate}"), "sql_join_leak",
+                "SQL: a regular join of two streams without state TTL: both sides keep every row",
+                "join", (LabFault(STATE_LEAK, None, vertex_pattern=r"\bJoin\b"),), duration_s=duration_s,
+                parallelism=p, rate=rate, **_backend(backend))
+
+
+def sql_dedup_ttl(ttl_s=90, p=1, rate=150, backend="hashmap", duration_s=300):
+    return _sql(_id("sql_dedup_ttl", f"ttl{ttl_s}", backend, f"p{p}", f"r{rate}"), "sql_dedup_ttl",
+                f"SQL: first row per key (ROW_NUMBER) with a {ttl_s}s state TTL: state grows for {ttl_s}s, then stays flat",
+                "dedup", duration_s=duration_s, ttl_s=ttl_s, parallelism=p, rate=rate, **_backend(backend))
+
+
+def sql_skew(p=3, share=0.85, rate=200, onset_s=75, duration_s=300):
+    return _sql(_id("sql_skew", f"p{p}", f"s{share}", f"r{rate}"), "sql_skew",
+                f"SQL: a GROUP BY where {share:.0%} of the records carry one key",
+                "skew", (LabFault(SKEW, None, hot_subtask=True, vertex_pattern=r"\bGroupAggregate\b"),), onset_s,
+                ("hot-onset-ms",), duration_s, hot_share=share, parallelism=p, rate=rate)
+
+
+def sql_slow_udf(p=2, capacity=0.25, rate=200, onset_s=75, duration_s=300):
+    return _sql(_id("sql_slow_udf", f"c{capacity}", f"p{p}", f"r{rate}"), "sql_slow_udf",
+                f"SQL: a Python UDF slows to {capacity:.0%} of the input ({capacity * rate:.0f} records/s under {rate})",
+                "slow_udf", (LabFault(BACKPRESSURE, None, vertex_pattern=r"\bPythonCalc\b"),
+                             LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True)), onset_s, ("slow-onset-ms",),
+                duration_s, slow_records_per_s=round(capacity * rate / p, 2), parallelism=p, rate=rate)
+
+
 BUILDERS = {b.__name__: b for b in (healthy_ttl, healthy_window, healthy_timer, healthy_bursty, healthy_subsecond,
                                     leak_start, leak_after_plateau, leak_slow_on_ttl, leak_one_of_two, backpressure,
-                                    skew, checkpoint_timeout, restart_loop, storage_outage)}
+                                    skew, checkpoint_timeout, restart_loop, storage_outage, sql_window, sql_join_leak,
+                                    sql_dedup_ttl, sql_skew, sql_slow_udf)}
 
 
 @dataclass(frozen=True)
@@ -268,4 +314,9 @@ NAMED: dict[str, NamedScenario] = {s.name: s for s in (
     NamedScenario("checkpoint_timeout", checkpoint_timeout, {"rate": 300}, 0.25),
     NamedScenario("restart_loop", restart_loop, {}, 0.25),
     NamedScenario("storage_outage", storage_outage, {}, 0.25),
+    NamedScenario("sql_window", sql_window, {}),
+    NamedScenario("sql_join_leak", sql_join_leak, {}),
+    NamedScenario("sql_dedup_ttl", sql_dedup_ttl, {"ttl_s": 60}),
+    NamedScenario("sql_skew", sql_skew, {}, 0.25),
+    NamedScenario("sql_slow_udf", sql_slow_udf, {}, 0.25),
 )}
