@@ -273,27 +273,32 @@ def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
+    import json
+    from contextlib import closing
+
     from pipelines.detection.incident_view import HEADER, follow, format_incident
 
-    import json
-
-    incidents = follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout, max_events=args.max)
-    if args.output == "table":
-        print(HEADER, flush=True)
-    for incident in incidents:
-        print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
-              flush=True)
+    # The consumer is closed on any way out, a failed print too, not whenever the generator is collected.
+    with closing(follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout,
+                        max_events=args.max)) as incidents:
+        if args.output == "table":
+            print(HEADER, flush=True)
+        for incident in incidents:
+            print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
+                  flush=True)
     return 0
 
 
 def _cmd_feedback(config: SentinelConfig, args: argparse.Namespace) -> int:
+    from pipelines.detection.incident_view import printable
     from pipelines.feedback import give
 
     record = give(config, args.incident_id, "false_positive" if args.false_positive else "confirmed", args.note,
                   args.by)
-    where = record["job_name"] + (f" (vertex {record['vertex_id']})" if record["vertex_id"] else "")
-    print(f"recorded on {config.topics.feedback}: {record['family']} incident {record['incident_id']} on {where} "
-          f"{'was a false positive' if args.false_positive else 'is confirmed'} (by {record['given_by']}); "
+    where = printable(record["job_name"]) + (f" (vertex {printable(record['vertex_id'])})" if record["vertex_id"] else "")
+    print(f"recorded on {config.topics.feedback}: {printable(record['family'])} incident "
+          f"{printable(record['incident_id'])} on {where} "
+          f"{'was a false positive' if args.false_positive else 'is confirmed'} (by {printable(record['given_by'])}); "
           "`sentinel train --feedback` learns from it")
     return 0
 

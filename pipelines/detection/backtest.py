@@ -24,6 +24,7 @@ from models.registry import LoadedDetector
 from pipelines.config import JobOverride as JobOverrideConfig
 from pipelines.config import SentinelConfig
 from pipelines.datasets import dataset_files, read_truths
+from pipelines.detection.incident_view import fit
 from pipelines.detection.policy import PolicySettings
 from pipelines.detection.report import Comparison, RunOutcome, compare
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, FAMILIES, SKEW, STATE_LEAK
@@ -52,14 +53,15 @@ class Evaluation:
     truths: list[dict]
 
     def run_lines(self) -> list[str]:
+        """A line per run; its names made printable and fitted to their columns."""
         header = (f"{'run':<58} {'expected':<34} {'found (delay s)':<40} {'false':<28} {'vertex':<7}"
                   f" | {'static alarms: found':<28} false")
         lines = [header, "-" * len(header)]
         baseline = {r.job_id: r for r in self.baseline.runs}
         for run in self.comparison.runs:
             base = baseline[run.job_id]
-            lines.append(f"{run.run:<58.58} {', '.join(run.expected) or 'healthy':<34.34} {_found(run):<40.40} "
-                         f"{_false(run):<28.28} {_localised(run):<7} | {_found(base):<28.28} {len(base.false)}")
+            lines.append(f"{fit(run.run, 58)} {fit(', '.join(run.expected) or 'healthy', 34)} {fit(_found(run), 40)} "
+                         f"{fit(_false(run), 28)} {_localised(run):<7} | {fit(_found(base), 28)} {len(base.false)}")
         return lines
 
     def family_lines(self) -> list[str]:

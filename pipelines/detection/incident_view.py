@@ -1,9 +1,17 @@
-"""`sentinel incidents`: the incident topic as a readable live table, one line per incident event."""
+"""`sentinel incidents`: the incident topic as a readable live table, one line per incident event.
+
+Also the text helpers every table and page of incidents uses: names come from Flink jobs and the
+incident topic, so anything in them that would move the cursor, end a line or reorder the text
+around it is shown escaped instead (:func:`printable`), and columns are padded by the cells a
+terminal gives each character (:func:`fit`).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
+import unicodedata
 from datetime import datetime, timezone
 from typing import Callable, Iterator
 
@@ -12,6 +20,36 @@ from pipelines.io import kafka_clients
 
 HEADER = f"{'event time (UTC)':<19}  {'event':<8} {'severity':<8} {'family':<18} {'job / vertex':<44} summary"
 MARK = {"opened": "OPEN", "updated": "UPDATE", "resolved": "RESOLVED"}
+
+# C0 and C1 controls (newline, carriage return, tab and ESC among them), DEL, the line and
+# paragraph separators, the bidirectional embeddings, overrides and isolates, and lone surrogates
+# (JSON can carry them; no UTF-8 output can).
+UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def printable(value: object) -> str:
+    """``value`` as text that stays on its line and in its order: each control, separator and
+    bidi character becomes its Python escape (a newline shows as ``\\n``, ESC as ``\\x1b``)."""
+    return UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(value))
+
+
+def cells(text: str) -> int:
+    """The terminal cells ``text`` takes: two for a wide character (CJK, most emoji), none for a
+    combining mark or a format character."""
+    return sum(0 if unicodedata.combining(c) or unicodedata.category(c) == "Cf"
+               else 2 if unicodedata.east_asian_width(c) in ("W", "F") else 1 for c in text)
+
+
+def fit(value: object, width: int) -> str:
+    """``value`` made printable, cut to ``width`` cells and padded to them: one table column."""
+    text, used, out = printable(value), 0, []
+    for c in text:
+        wide = cells(c)
+        if used + wide > width:
+            break
+        out.append(c)
+        used += wide
+    return "".join(out) + " " * (width - used)
 
 
 def utc_time(ms: int | float | None) -> str:
@@ -22,16 +60,17 @@ def utc_time(ms: int | float | None) -> str:
 
 
 def format_incident(incident: dict) -> str:
-    where = incident.get("job_name") or incident["job_id"]
+    """One line of the table, whatever the names in it hold."""
+    where = str(incident.get("job_name") or incident["job_id"])
     if incident.get("vertex_name"):
         where += f" / {incident['vertex_name']}"
     if incident.get("subtask_index") is not None:
         where += f" #{incident['subtask_index']}"
-    summary = incident["summary"]
+    summary = str(incident["summary"])
     if incident.get("forecast") and incident["event"] != "resolved":
         summary += f"  (ETA {incident['forecast']['eta_ms'] / 60000:.0f} min)"
-    return (f"{utc_time(incident.get('updated_at')):<19}  {MARK.get(incident['event'], incident['event']):<8} "
-            f"{incident['severity']:<8} {incident['family']:<18} {where[:44]:<44} {summary}")
+    return (f"{utc_time(incident.get('updated_at')):<19}  {fit(MARK.get(incident['event'], incident['event']), 8)} "
+            f"{fit(incident['severity'], 8)} {fit(incident['family'], 18)} {fit(where, 44)} {printable(summary)}")
 
 
 def follow(config: SentinelConfig, from_beginning: bool = False, timeout_s: float | None = None,

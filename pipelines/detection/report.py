@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Iterable, Sequence
 
+from pipelines.detection.incident_view import fit, printable
 from pipelines.families import ANOMALY, EXPLAINED_BY, LOCALISED
 
 EARLY_GRACE_MS = 60_000
@@ -89,6 +90,8 @@ class Comparison:
         }
 
     def lines(self) -> list[str]:
+        """The totals, then a line per fault found or missed and per false incident; names in
+        columns, made printable (they come from the jobs and the ground truth)."""
         m = self.metrics()
         out = [f"injected faults: {m['faults']:.0f}   detected: {m['faults_found']:.0f}   missed: "
                f"{len(self.missed)}   false incidents: {m['false_incidents']:.0f} (on healthy jobs: "
@@ -96,14 +99,15 @@ class Comparison:
                + (f"   median delay: {m['delay_s_median']:.0f}s" if found_any(m) else "")]
         for d in self.detected:
             when = f"after {d['delay_s']:.0f}s" if d["delay_s"] >= 0 else f"{-d['delay_s']:.0f}s before the onset"
-            where = (d.get("vertex_name") or "") + ("" if d["localised"] else " (ON ANOTHER VERTEX)")
+            where = printable(d.get("vertex_name") or "") + ("" if d["localised"] else " (ON ANOTHER VERTEX)")
             how = " (as a symptom)" if d["as_symptom"] else ""
-            out.append(f"  detected {d['family']:<18} {d['job_name']:<28.28} {where:<28.28} {when}{how}")
+            out.append(f"  detected {fit(d['family'], 18)} {fit(d['job_name'], 28)} {fit(where, 28)} {when}{how}")
         for m_ in self.missed:
-            out.append(f"  MISSED   {m_['family']:<18} {m_['job_name']:<28.28} {m_.get('vertex_name') or '':<28.28}")
+            out.append(f"  MISSED   {fit(m_['family'], 18)} {fit(m_['job_name'], 28)} "
+                       f"{fit(m_.get('vertex_name') or '', 28)}")
         for f in self.false:
-            out.append(f"  FALSE    {f['family']:<18} {f['job_name']:<28.28} {f.get('vertex_name') or '':<28.28} "
-                       f"{f['summary'][:60]}")
+            out.append(f"  FALSE    {fit(f['family'], 18)} {fit(f['job_name'], 28)} "
+                       f"{fit(f.get('vertex_name') or '', 28)} {fit(f['summary'], 60).rstrip()}")
         return out
 
 
