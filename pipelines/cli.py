@@ -487,9 +487,11 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
         print(f"added {len(merged)} runs of {args.merge_from} to {target}")
         return 0
     if args.grid:
-        if args.grid not in GRIDS:
-            raise UsageError(f"unknown grid {args.grid!r}; choose from {', '.join(GRIDS)}")
-        variants = GRIDS[args.grid](args.only, config.lab.flink_version)
+        names = args.grid.split(",")
+        unknown = [name for name in names if name not in GRIDS]
+        if unknown:
+            raise UsageError(f"unknown grid {', '.join(map(repr, unknown))}; choose from {', '.join(GRIDS)}")
+        variants = [v for name in dict.fromkeys(names) for v in GRIDS[name](args.only, config.lab.flink_version)]
         dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
         if args.forget:
             if not args.only:
@@ -695,7 +697,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "with --grid, lab.corpus_dir)")
     lab_command.add_argument("--no-kafka", action="store_true", help="only record; do not publish to the input topic")
     lab_command.add_argument("--keep-cluster", action="store_true", help="leave the Flink cluster running afterwards")
-    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus, long, sql) not yet in the "
+    lab_command.add_argument("--grid", metavar="NAME", help="record every variant of a grid (corpus, long, sql; several "
+                                                            "separated by commas, in one session) not yet in the "
                                                             "dataset folder; resumable")
     lab_command.add_argument("--only", metavar="GLOB", help="with --grid: only the variants whose run id matches "
                                                                "(globs separated by commas)")
