@@ -441,12 +441,23 @@ def _cmd_alert(config: SentinelConfig, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     logging.getLogger("pipelines.alerting").setLevel(logging.INFO if args.verbose else logging.WARNING)
-    print(f"delivering {config.topics.incidents} on {config.kafka.bootstrap_servers} to "
-          f"{', '.join(relay.alertmanagers.urls)} (consumer group {config.alert.group_id}); open alerts re-sent every "
-          f"{config.alert.resend_interval_s:g}s", flush=True)
-    stats = relay.run(_stop_on_signals())
+    try:
+        relay.serve_metrics()
+    except OSError as exc:
+        raise UsageError(f"cannot serve /metrics on {config.alert.metrics_host}:{config.alert.metrics_port} ({exc}): "
+                         "set alert.metrics_port (SENTINEL_ALERT__METRICS_PORT) to a free port, 0 for any, or "
+                         "null for none") from None
+
+    def started() -> None:
+        served = f"; /metrics at {relay.metrics_server.url}" if relay.metrics_server else ""
+        print(f"delivering {config.topics.incidents} on {config.kafka.bootstrap_servers} to "
+              f"{', '.join(relay.alertmanagers.urls)} (consumer group {config.alert.group_id}); open alerts re-sent "
+              f"every {config.alert.resend_interval_s:g}s, each ending {config.alert.open_alert_ttl_s:g}s later "
+              f"unless re-sent{served}", flush=True)
+
+    stats = relay.run(_stop_on_signals(), started)
     print(f"stopped: {stats.events} incident events read, {stats.alerts_sent} alerts sent in {stats.posts} posts, "
-          f"{stats.failed_tries} failed tries", flush=True)
+          f"{stats.failed_tries} failed tries, {stats.rejected} rejected, {stats.fixed} fixed", flush=True)
     return 0
 
 

@@ -471,19 +471,32 @@ class AlertConfig(_Strict):
                                                                           "an HA pair); --alertmanager overrides.")
     group_id: str = Field("checkpoint-sentinel-alert", min_length=1,
                           description="Consumer group whose committed offsets mark what has been delivered.")
-    resend_interval_s: float = Field(60.0, gt=0, description="Open alerts are re-sent this often (each time ending "
-                                                             "4 intervals later unless re-sent, as Prometheus does).")
+    resend_interval_s: float = Field(60.0, gt=0, description="Open alerts are re-sent this often.")
+    open_alert_ttl_s: float = Field(3900.0, gt=0, description="An open alert's endsAt is this far after each send: "
+                                                              "how long it stays firing if the relay stops (an "
+                                                              "outage of the relay up to this long does not read as "
+                                                              "resolved; a resolve it missed shows this late).")
     request_timeout_s: float = Field(10.0, gt=0, description="Timeout of one request to an Alertmanager.")
     max_backoff_s: float = Field(30.0, gt=0, description="Longest wait between two tries while no Alertmanager "
                                                          "accepts the alerts (nothing is dropped meanwhile).")
     incident_url: str | None = Field(None, description="Link to an incident's page, with {incident_id} in it, "
                                                        "e.g. https://sentinel.example/incidents/{incident_id}.html "
                                                        "(the annotation `incident_url`).")
+    metrics_host: str = Field("127.0.0.1", description="Where `sentinel alert` serves /metrics for Prometheus.")
+    metrics_port: int | None = Field(9466, ge=0, le=65535, description="Its port (0: any free one; null: off).")
 
     @field_validator("alertmanager_urls")
     @classmethod
     def _http_urls(cls, values: list[str]) -> list[str]:
         return [_http_url(value) for value in values]
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_a_resend(self) -> "AlertConfig":
+        if self.open_alert_ttl_s <= 2 * self.resend_interval_s:
+            raise ValueError(f"alert.open_alert_ttl_s ({self.open_alert_ttl_s:g}) must be more than twice "
+                             f"alert.resend_interval_s ({self.resend_interval_s:g}): an open alert would end "
+                             "between two re-sends")
+        return self
 
 
 class LabConfig(_Strict):

@@ -7,10 +7,12 @@ a webhook in this test, so what on-call would be paged with is what the test rea
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import threading
 import time
 import urllib.request
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -30,6 +32,11 @@ SHIPPED_CONFIG = PROJECT_ROOT / "infra" / "alertmanager" / "alertmanager.yml"
 
 
 def _binary(name: str) -> str:
+    if name == "amtool":  # shipped beside prometheus-alertmanager, by the same package
+        found = shutil.which("amtool", path=str(Path(debian_binary("prometheus-alertmanager",
+                                                                   "prometheus-alertmanager")).parent))
+        assert found, "amtool is missing although prometheus-alertmanager is installed"
+        return found
     return debian_binary(name, "prometheus-alertmanager")
 
 
@@ -140,6 +147,7 @@ def publish(config, *events: dict) -> None:
 
 class RunningRelay:
     def __init__(self, config, urls):
+        config.alert.metrics_port = 0  # any free port: tests run side by side
         self.relay = AlertRelay(config, urls)
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -234,7 +242,7 @@ def test_an_unreachable_alertmanager_stops_the_command_with_what_to_fix(config, 
 
     result = run_sentinel("alert", "--alertmanager", "http://127.0.0.1:9", env={
         "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
-        "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents}, timeout=60)
+        "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents, "SENTINEL_ALERT__METRICS_PORT": "0"}, timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "no Alertmanager is reachable (http://127.0.0.1:9:" in result.stderr
     assert "--alertmanager" in result.stderr
@@ -245,3 +253,150 @@ def test_the_shipped_alertmanager_config_is_valid():
                              timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS" in checked.stdout and "1 inhibit rules" in checked.stdout
+
+
+# --- Poison isolated: what Alertmanager cannot take never holds back the rest.
+
+def metric_values(url: str) -> dict[str, float]:
+    """The samples of a /metrics page, by name with labels as written."""
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
+def committed_offsets(config) -> dict[int, int | None]:
+    from kafka import TopicPartition
+
+    consumer = kafka_clients.make_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs(),
+                                           group_id=config.alert.group_id, enable_auto_commit=False)
+    try:
+        partitions = kafka_clients.partitions_of(consumer, config.topics.incidents, config.kafka.connect_timeout_s)
+        return {p: consumer.committed(TopicPartition(config.topics.incidents, p)) for p in partitions}
+    finally:
+        consumer.close()
+
+
+def end_offsets(config) -> dict[int, int]:
+    consumer = kafka_clients.metadata_consumer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+    try:
+        partitions = kafka_clients.partitions_of(consumer, config.topics.incidents, config.kafka.connect_timeout_s)
+        return kafka_clients.latest_offsets(consumer, config.topics.incidents, partitions)
+    finally:
+        consumer.close()
+
+
+def an_alert(incident: dict, ends_at_ms: int) -> dict:
+    from pipelines.alerting import to_alert
+
+    return to_alert(incident, ends_at_ms)
+
+
+def test_check_alert_fixes_what_has_one_fix_and_rejects_the_rest():
+    from pipelines.alerting import MAX_LABEL_VALUE_CHARS, check_alert
+
+    opened, _, resolved = skew_incident()
+    # Resolved before it opened: it ends where it starts, said in the fixes.
+    backwards = an_alert(opened, opened["opened_at"] - 5_000)
+    checked = check_alert(backwards)
+    assert checked.alert["endsAt"] == checked.alert["startsAt"] == backwards["startsAt"]
+    assert checked.reason is None and "before startsAt" in checked.fixes[0]
+    # A label name Prometheus would not take has no single right fix.
+    dashed = {**an_alert(opened, resolved["resolved_at"]), "labels": {**alert_labels(opened), "job-name": "x"}}
+    checked = check_alert(dashed)
+    assert (checked.alert, checked.reason) == (None, "invalid_label_name") and "job-name" in checked.detail
+    assert check_alert({**dashed, "labels": {"alertname": "A"}, "annotations": {"1x": "y"}}).reason == \
+        "invalid_annotation_name"
+    # Invalid UTF-8 (a lone surrogate from a JSON escape) is replaced; a long name is shortened,
+    # two long names stay two labels; a non-string annotation is sent as JSON.
+    long_a, long_b = "Calc(select=[" + "a, " * 2000 + "x])", "Calc(select=[" + "a, " * 2000 + "y])"
+    odd = {**an_alert(opened, resolved["resolved_at"]),
+           "labels": {**alert_labels(opened), "vertex": long_a, "job_name": "orders\ud800"},
+           "annotations": {"summary": None, "score": 0.5}}
+    checked = check_alert(odd)
+    labels = checked.alert["labels"]
+    assert labels["job_name"] == "orders\ufffd" and len(labels["vertex"]) <= MAX_LABEL_VALUE_CHARS
+    assert labels["vertex"].startswith("Calc(select=[a, ")
+    other = check_alert({**odd, "labels": {**odd["labels"], "vertex": long_b}}).alert["labels"]["vertex"]
+    assert other != labels["vertex"]
+    assert checked.alert["annotations"] == {"score": "0.5"} and len(checked.fixes) == 3
+    json.dumps(checked.alert).encode("utf-8")  # strict UTF-8 now
+
+
+def test_an_open_alert_outlives_an_hour_of_relay_outage_and_one_stamped_ahead_is_still_open(config, alertmanager):
+    from pipelines.alerting import AlertBook
+
+    opened, _, _ = skew_incident()
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        publish(config, opened)
+        (alert,) = wait_for(lambda: of_incident(alertmanager.alerts(), opened), what="the opened alert")
+    finally:
+        relay.stop()
+    ends_in_s = (datetime.fromisoformat(alert["endsAt"].replace("Z", "+00:00")).timestamp() - time.time())
+    assert ends_in_s > 3600, alert["endsAt"]
+    assert ends_in_s <= config.alert.open_alert_ttl_s
+    # An incident stamped by a clock ahead of the relay's (opened in an hour) ends a TTL after it opens.
+    book = AlertBook(open_alert_ttl_s=3900)
+    ahead = {**opened, "opened_at": 10_000_000}
+    (sent,) = book.apply(ahead, now_ms=6_400_000)
+    assert sent["endsAt"] == "1970-01-01T03:51:40.000Z"  # 10,000 s + 3,900 s
+
+
+def test_a_batch_alertmanager_refuses_is_split_until_the_refused_alert_is_alone(config, alertmanager):
+    """What the relay's own check lets through and Alertmanager still refuses (400): the halves of
+    the batch are posted until the refused alert is alone; the others all arrive."""
+    config.alert.resend_interval_s = 1.0
+    incidents = [skew_incident(job=f"j{i}")[0] for i in range(7)]
+    alerts = [an_alert(incident, int(time.time() * 1000) + 3_600_000) for incident in incidents]  # active
+    refused = dict(alerts[4], endsAt=an_alert(incidents[4], incidents[4]["opened_at"] - 1_000)["endsAt"])
+    batch = alerts[:4] + [refused] + alerts[5:]
+    config.alert.metrics_port = 0
+    relay = AlertRelay(config, [alertmanager.url])
+    assert relay.deliver(batch, threading.Event()) is True
+    ids = {a["annotations"]["incident_id"] for a in alertmanager.alerts()}
+    assert ids == {i["incident_id"] for n, i in enumerate(incidents) if n != 4}
+    assert relay.stats.rejected == 1 and relay.stats.alerts_sent == 6
+    assert relay.metrics.rejected.labels("refused_by_alertmanager")._value.get() == 1
+    assert relay.metrics.delivered._value.get() == 6
+    # 7 refused -> 3 taken + 4 refused -> 2 refused + 2 taken -> 1 taken + 1 refused: 7 posts, no retries.
+    assert relay.stats.posts == 7 and relay.stats.failed_tries == 0
+
+
+def test_poison_on_the_topic_is_counted_and_the_next_incident_still_reaches_alertmanager(config, alertmanager):
+    config.alert.resend_interval_s = 1.0
+    first, _, first_resolved = skew_incident(job="j1")
+    valid, _, _ = skew_incident(job="j2")
+    dashed = {**skew_incident(job="j3")[0]}
+    dashed["labels"] = {**dashed["labels"], "team-name": "streaming"}
+    # The incident resolved 5 s before it opened (a policy before its times were ordered).
+    backwards = {**first_resolved, "resolved_at": first["opened_at"] - 5_000, "updated_at": first["opened_at"] - 5_000}
+    started = time.time()
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        publish(config, first)
+        wait_for(lambda: of_incident(alertmanager.alerts(), first), what="the first alert")
+        producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+        producer.send(config.topics.incidents, value=b"\xff{not json")
+        producer.flush()
+        producer.close()
+        publish(config, dashed, backwards)
+        # The relay has read the poison before the valid incident is published.
+        wait_for(lambda: relay.relay.stats.events >= 3, what="the relay to read the poison")
+        publish(config, valid)
+        (alert,) = wait_for(lambda: of_incident(alertmanager.alerts(), valid), what="the valid incident after poison")
+        assert alert["labels"]["job_id"] == "j2"
+        wait_for(lambda: not of_incident(alertmanager.alerts(), first), what="the backwards incident to end")
+        assert not of_incident(alertmanager.alerts(), dashed)
+        wait_for(lambda: committed_offsets(config) == end_offsets(config), what="the offsets committed past it all")
+        metrics = metric_values(relay.relay.metrics_server.url)
+        assert relay.thread.is_alive()
+    finally:
+        relay.stop()
+    prefix = "checkpoint_sentinel_alert_relay"
+    assert metrics[f'{prefix}_rejected_total{{reason="invalid_label_name"}}'] == 1
+    assert metrics[f'{prefix}_rejected_total{{reason="unreadable_incident"}}'] == 1
+    assert metrics[f'{prefix}_rejected_total{{reason="refused_by_alertmanager"}}'] == 0
+    assert metrics[f"{prefix}_delivered_total"] >= 3  # first, backwards (fixed), valid
+    assert metrics[f"{prefix}_retries_total"] == 0
+    assert started <= metrics[f"{prefix}_last_success_timestamp_seconds"] <= time.time()
+    assert relay.relay.stats.fixed >= 1 and relay.relay.stats.rejected == 2

@@ -364,7 +364,8 @@ def test_incident_times_stay_ordered_over_a_replay_of_rows_out_of_order(seed):
     events: list[dict] = []
     for start, end in zip([0] + cuts, cuts + [len(rows)]):
         batch = rows.iloc[start:end].reset_index(drop=True)
-        batch_scores = scores[(scores["row"] >= start) & (scores["row"] < end)].assign(row=lambda d: d["row"] - start)
+        in_batch = (scores["row"] >= start) & (scores["row"] < end)
+        batch_scores = scores[in_batch].assign(row=lambda d: d["row"] - start)
         events += step(state, batch, batch_scores, RULES, SETTINGS)
     assert any(e["event"] == "resolved" for e in events)
     assert_incident_times_ordered(events)
