@@ -8,11 +8,15 @@ it. Aliases (``champion``, ``challenger``), never stages, say which version serv
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
+import json
 import os
+import pickle
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import mlflow
 import pandas as pd
@@ -23,6 +27,7 @@ from mlflow.pyfunc import PythonModel
 from models.detectors import DetectorConfig, FamilyDetector, NoveltyDetector
 from models.post_rule import PostRule
 from pipelines.config import SentinelConfig
+from pipelines.io.storage import Location
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -189,3 +194,67 @@ def load_detector(registered_name: str, alias: str, check_environment: bool = Tr
     loaded = mlflow.pyfunc.load_model(f"models:/{registered_name}@{alias}",
                                       suppress_warnings=not check_environment).unwrap_python_model()
     return LoadedDetector(registered_name, version, alias, loaded.detector, loaded.post_rule, loaded.metadata)
+
+
+class HeldCopies:
+    """The job's own copies of the champions it scored with, on the storage of its checkpoints
+    (which every executor reaches): ``<name>/<version>.pickle`` for each version loaded, and
+    ``<name>@<alias>.json`` naming the version the alias pointed at when one was last loaded.
+    A Python worker started while the registry cannot be reached scores with these instead of
+    stopping the job. Written by the job's own processes from what they loaded from the
+    registry, read only by them: the same packages on both sides."""
+
+    def __init__(self, folder: Location):
+        self.folder = folder
+
+    def _copy(self, name: str, version: str) -> Location:
+        return self.folder / quote(name, safe="") / f"{quote(str(version), safe='')}.pickle"
+
+    def _pointer(self, name: str, alias: str) -> Location:
+        return self.folder / f"{quote(name, safe='')}@{quote(alias, safe='')}.json"
+
+    def keep(self, model: LoadedDetector) -> None:
+        """Write ``model``'s copy (once per version) and point its alias at it."""
+        copy = self._copy(model.name, model.version)
+        if not copy.exists():
+            _write_whole(copy, pickle.dumps({"name": model.name, "version": model.version, "detector": model.detector,
+                                             "post_rule": model.post_rule, "metadata": model.metadata},
+                                            protocol=pickle.HIGHEST_PROTOCOL))
+        _write_whole(self._pointer(model.name, model.alias), json.dumps({"version": model.version}).encode())
+
+    def copy_of(self, name: str, version: str, alias: str) -> LoadedDetector | None:
+        """The job's copy of ``name`` at ``version``, or None when it has none."""
+        copy = self._copy(name, version)
+        if not copy.exists():
+            return None
+        held = pickle.loads(copy.read_bytes())
+        return LoadedDetector(name, str(version), alias, held["detector"], held["post_rule"], held["metadata"])
+
+    def last(self, name: str, alias: str) -> LoadedDetector | None:
+        """The version ``alias`` named when the job last loaded ``name``, or None."""
+        pointer = self._pointer(name, alias)
+        if not pointer.exists():
+            return None
+        return self.copy_of(name, json.loads(pointer.read_text())["version"], alias)
+
+
+def _write_whole(location: Location, data: bytes) -> None:
+    """Replace the file whole, also when several processes write it at once (every Python worker
+    keeps the champions it loads): on local disk through a temporary file of this process's own
+    (``Location.write_bytes`` shares one per file), on an object store by one PUT."""
+    if not location.is_local:
+        location.write_bytes(data)
+        return
+    import tempfile
+
+    path = location.local_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -6,8 +6,18 @@ running job within that bound without a restart. If the registry cannot be reach
 scoring with the models it has and says so once per outage. At start-up with no model at all
 :meth:`ChampionCache.require` stops the job with a message that says what to run.
 
+A family's champion that cannot be loaded (its artifact gone, a pickle that no longer reads) is
+that family's trouble alone: it is logged by name and counted, the other families are loaded
+and score, and the family keeps an earlier version it holds. The job's Python workers also keep
+a copy of every champion they load beside the job's checkpoints (:class:`~models.registry.HeldCopies`):
+a worker started while the registry cannot be reached (after a worker crash, or Spark's stop of an
+idle one) scores with the champions the job last held instead of failing the micro-batch.
+
 :func:`score_rows` is pure: feature rows and detectors in, one score row per (feature row,
-family) out, each naming the model version that produced it.
+family) out, each naming the model version that produced it. A score that is not a number, or a
+family whose scoring raises, gives no score row (the policy sees nothing rather than a NaN that
+never crosses a threshold) and is counted in the models' :class:`ScoringHealth` when they have
+one, which the job reports per family (:func:`models_payload`, :func:`record_scoring`).
 """
 
 from __future__ import annotations
@@ -17,28 +27,81 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
+import numpy as np
+import orjson
 import pandas as pd
 
 from models import registry
 from models.detectors import FAMILY_LEVEL, rows_for
-from models.registry import LoadedDetector, ModelUnavailable
+from models.registry import HeldCopies, LoadedDetector, ModelUnavailable
 from pipelines.config import SentinelConfig
 from pipelines.families import FAMILIES
 
 log = logging.getLogger(__name__)
 
 SCORE_COLUMNS = ["row", "family", "score", "model_name", "model_version", "model_alias"]
+# Where the job's copies of its champions live, beside its queries' checkpoints.
+HELD_CHAMPIONS = "champions"
+
+
+@dataclass
+class ScoringHealth:
+    """What a process's scoring met since it last reported, per family: champion loads that
+    failed, feature rows judged, and those of them that got no score (NaN, or the scoring raised).
+    ``errors``: each family's latest load or scoring error, until it loads or scores again."""
+
+    load_failures: dict[str, int] = field(default_factory=dict)
+    judged: dict[str, int] = field(default_factory=dict)
+    unscored: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    logged: set = field(default_factory=set)  # (family, version, what) already in the log
+
+    def count(self, counts: dict[str, int], family: str, n: int) -> None:
+        counts[family] = counts.get(family, 0) + n
+
+    def log_once(self, level: int, key: tuple, message: str, *args) -> None:
+        """Log a family's trouble once per version and kind, not once per micro-batch."""
+        if key not in self.logged:
+            self.logged.add(key)
+            log.log(level, message, *args)
+
+    def drain(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """The counts since the last report (load failures, judged, unscored); zero afterwards."""
+        counts = self.load_failures, self.judged, self.unscored
+        self.load_failures, self.judged, self.unscored = {}, {}, {}
+        return counts
+
+
+class Champions(dict):
+    """family -> :class:`LoadedDetector`, and the :class:`ScoringHealth` that
+    :func:`score_rows` counts what they could not score in."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.health = ScoringHealth()
 
 
 @dataclass
 class ChampionCache:
     config: SentinelConfig
     clock: Callable[[], float] = time.monotonic
-    models: dict[str, LoadedDetector] = field(default_factory=dict)
+    models: Champions = field(default_factory=Champions)
     checked_at: float | None = None
     registry_error: str | None = None  # set while the registry is unreachable
     # MLflow's check of the installed packages against each model's (see registry.load_detector).
     check_environment: bool = True
+    # The job's copies of the champions: each one loaded is kept there, and a cache with none
+    # loaded scores with them while the registry cannot be reached (or a family's load fails).
+    held: HeldCopies | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # family -> "registry" or "held copy"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.models, Champions):
+            self.models = Champions(self.models)
+
+    @property
+    def health(self) -> ScoringHealth:
+        return self.models.health
 
     def require(self) -> dict[str, LoadedDetector]:
         """Load every champion now; raise :class:`ModelUnavailable` when there is none at all."""
@@ -73,25 +136,80 @@ class ChampionCache:
         self.checked_at = now
         registry.use_config(self.config)
         alias = self.config.mlflow.alias
+        names = {family: getattr(self.config.mlflow.models, family) for family in FAMILIES}
         try:
-            for family in FAMILIES:
-                name = getattr(self.config.mlflow.models, family)
-                version = registry.alias_version(name, alias, raise_on_unreachable=True)
-                held = self.models.get(family)
-                if version is None or (held is not None and held.version == version):
-                    continue
-                self.models[family] = registry.load_detector(name, alias, self.check_environment)
-                log.log(logging.WARNING if held else logging.INFO, "scoring %s with %s version %s (%s)", family, name,
-                        self.models[family].version, f"the alias moved from {held.version}" if held else "loaded")
+            versions = {family: registry.alias_version(name, alias, raise_on_unreachable=True)
+                        for family, name in names.items()}
         except Exception as exc:  # the registry's client raises many kinds; none may stop the job
             if self.registry_error is None:
                 log.error("model registry unreachable (%s); scoring continues with the models already loaded: %s",
                           exc, self.versions() or "none")
             self.registry_error = str(exc).splitlines()[0][:300]
+            for family, name in names.items():
+                if family not in self.models:
+                    self._take_held(family, name, None, "the registry cannot be reached")
             return
         if self.registry_error is not None:
             log.warning("model registry reachable again")
         self.registry_error = None
+        for family, version in versions.items():
+            held = self.models.get(family)
+            if version is None or (held is not None and held.version == version):
+                continue
+            try:
+                loaded = registry.load_detector(names[family], alias, self.check_environment)
+            except Exception as exc:  # one family's broken model must not blind the others
+                self._load_failed(family, names[family], version, held, exc)
+                continue
+            self.models[family] = loaded
+            self.sources[family] = "registry"
+            self.health.errors.pop(family, None)
+            log.log(logging.WARNING if held else logging.INFO, "scoring %s with %s version %s (%s)", family,
+                    loaded.name, loaded.version, f"the alias moved from {held.version}" if held else "loaded")
+            self._keep(loaded)
+
+    def _load_failed(self, family: str, name: str, version: str, held: LoadedDetector | None,
+                     exc: Exception) -> None:
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        self.health.count(self.health.load_failures, family, 1)
+        self.health.errors[family] = f"{name} version {version} failed to load: {reason}"
+        if held is not None:
+            self.health.log_once(logging.ERROR, (family, version, "load"),
+                                 "the %s champion %s version %s failed to load (%s); %s goes on scoring with version %s",
+                                 family, name, version, reason, family, held.version)
+            return
+        if not self._take_held(family, name, version, f"version {version} failed to load from the registry"):
+            self.health.log_once(logging.ERROR, (family, version, "load"),
+                                 "the %s champion %s version %s failed to load (%s): %s is NOT scored until it loads",
+                                 family, name, version, reason, family)
+
+    def _take_held(self, family: str, name: str, version: str | None, why: str) -> bool:
+        """Score ``family`` with the job's copy of ``name`` (that ``version``, or the last one the
+        alias named); False when the job holds none."""
+        if self.held is None:
+            return False
+        alias = self.config.mlflow.alias
+        try:
+            copy = self.held.last(name, alias) if version is None else self.held.copy_of(name, version, alias)
+        except Exception as exc:  # a copy that cannot be read is no copy
+            log.error("the job's copy of the %s champion %s in %s cannot be read: %s", family, name, self.held.folder,
+                      exc)
+            return False
+        if copy is None:
+            return False
+        self.models[family] = copy
+        self.sources[family] = "held copy"
+        log.warning("scoring %s with the job's own copy of %s version %s (%s)", family, name, copy.version, why)
+        return True
+
+    def _keep(self, model: LoadedDetector) -> None:
+        if self.held is None:
+            return
+        try:
+            self.held.keep(model)
+        except Exception as exc:  # scoring goes on; only a later outage would miss the copy
+            log.warning("could not keep a copy of %s version %s in %s: %s", model.name, model.version,
+                        self.held.folder, exc)
 
     def versions(self) -> dict[str, str]:
         return {family: m.version for family, m in self.models.items()}
@@ -102,20 +220,29 @@ class ChampionCache:
 _WORKER_CACHES: dict[str, ChampionCache] = {}
 
 
+def held_champions(config: SentinelConfig) -> HeldCopies:
+    """Where the detection job keeps its copies of the champions: beside its checkpoints."""
+    return HeldCopies(config.checkpoint_dir(HELD_CHAMPIONS))
+
+
 def worker_champions(config: SentinelConfig) -> ChampionCache:
     """This process's cache of ``config``'s champions (for the stateful processor's scoring)."""
-    key = config.mlflow.model_dump_json()
+    key = config.mlflow.model_dump_json() + str(config.spark.checkpoint_location)
     cache = _WORKER_CACHES.get(key)
     if cache is None:
         # The driver's cache checks the environment against the models (its warnings are in the
         # job's log) and the workers run the deployment's packages too: skipping the check there
         # saves each Python worker about 1.5 s of CPU when it first loads the champions.
-        cache = _WORKER_CACHES[key] = ChampionCache(config, check_environment=False)
+        cache = _WORKER_CACHES[key] = ChampionCache(config, check_environment=False, held=held_champions(config))
     return cache
 
 
 def score_rows(rows: pd.DataFrame, models: Mapping[str, LoadedDetector]) -> pd.DataFrame:
-    """One row per (feature row, family of its level): ``row`` is the feature row's index."""
+    """One row per (feature row, family of its level): ``row`` is the feature row's index.
+    Where ``models`` are the job's :class:`Champions`, a NaN score or a family whose scoring
+    raises gives no row and is counted in their health; elsewhere (training, evaluation) the
+    scores are the detectors' as they are, and their errors raised."""
+    health: ScoringHealth | None = getattr(models, "health", None)
     parts = []
     levels: dict[str, pd.DataFrame] = {}  # each level's rows taken once, not once per family
     for family, model in models.items():
@@ -125,8 +252,93 @@ def score_rows(rows: pd.DataFrame, models: Mapping[str, LoadedDetector]) -> pd.D
             judged = levels[level] = rows_for(rows, level)
         if judged.empty:
             continue
-        parts.append(pd.DataFrame({
-            "row": judged.index, "family": family, "score": model.detector.score(judged),
-            "model_name": model.name, "model_version": model.version, "model_alias": model.alias,
-        }))
+        if health is None:  # training and evaluation: a broken detector is an error to see at once
+            parts.append(_score_frame(judged, family, model, model.detector.score(judged)))
+            continue
+        try:
+            scores = np.asarray(model.detector.score(judged), dtype="float64")
+        except Exception as exc:  # one family's broken model must not fail the others' micro-batch
+            scores = np.full(len(judged), np.nan)
+            health.errors[family] = f"{model.name} version {model.version} failed to score: {exc}"[:400]
+            health.log_once(logging.ERROR, (family, model.version, "score"),
+                            "the %s champion %s version %s failed to score (%s): %s is NOT scored", family,
+                            model.name, model.version, exc, family)
+        scored = ~np.isnan(scores)
+        unscored = int(len(scores) - scored.sum())
+        health.count(health.judged, family, len(scores))
+        if unscored:
+            health.count(health.unscored, family, unscored)
+            health.log_once(logging.ERROR, (family, model.version, "nan"),
+                            "the %s champion %s version %s gave no score (NaN) for %d of %d feature rows: those "
+                            "rows are not judged for %s", family, model.name, model.version, unscored, len(scores),
+                            family)
+            judged, scores = judged[scored], scores[scored]
+            if judged.empty:
+                continue
+        parts.append(_score_frame(judged, family, model, scores))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=SCORE_COLUMNS)
+
+
+def _score_frame(judged: pd.DataFrame, family: str, model: LoadedDetector, scores) -> pd.DataFrame:
+    return pd.DataFrame({"row": judged.index, "family": family, "score": scores, "model_name": model.name,
+                         "model_version": model.version, "model_alias": model.alias})
+
+
+# --- what the workers report to the driver -------------------------------------------------------
+
+
+def models_payload(cache: ChampionCache) -> bytes:
+    """The payload of the stateful stage's ``models`` output row: per family the model it scores
+    with (``[name, version]``, null while it has none) and where from, and what scoring met since
+    the last report (load failures, feature rows judged and left unscored, the latest error)."""
+    load_failures, judged, unscored = cache.health.drain()
+    families = {}
+    for family in FAMILIES:
+        model = cache.models.get(family)
+        families[family] = {"model": None if model is None else [model.name, model.version],
+                            "source": cache.sources.get(family) if model is not None else None,
+                            "load_failures": load_failures.get(family, 0), "judged": judged.get(family, 0),
+                            "unscored": unscored.get(family, 0), "error": cache.health.errors.get(family)}
+    return orjson.dumps({"families": families, "registry_error": cache.registry_error})
+
+
+def scoring_versions(payload: bytes) -> dict[str, list[str]]:
+    """family -> ``[name, version]`` of a :func:`models_payload` (the families with a model)."""
+    return {family: report["model"] for family, report in orjson.loads(payload)["families"].items()
+            if report["model"] is not None}
+
+
+def record_scoring(metrics, payload: bytes) -> None:
+    """A :func:`models_payload` into the job's metrics (a ``pipelines.telemetry.DetectionMetrics``):
+    the load failures and unscored rows counted, and each family's ``model_scoring`` 1 while its
+    champion gives scores, 0 while it has none or scored none of this report's rows. The driver's
+    log names a family when it goes blind, scores again, or first fails to load or score."""
+    for family, report in orjson.loads(payload)["families"].items():
+        was_scoring = _sample(metrics.model_scoring, family)
+        failures_before = _sample(metrics.model_load_failures, family) or 0
+        unscored_before = _sample(metrics.model_nan_scores, family) or 0
+        if report["load_failures"]:
+            metrics.model_load_failures.labels(family).inc(report["load_failures"])
+        if report["unscored"]:
+            metrics.model_nan_scores.labels(family).inc(report["unscored"])
+        blind = report["model"] is None or (report["judged"] > 0 and report["unscored"] >= report["judged"])
+        metrics.model_scoring.labels(family).set(0 if blind else 1)
+        cause = f" ({report['error']})" if report["error"] else ""
+        if blind and was_scoring != 0:
+            log.error("%s is NOT scored: %s%s", family, "no champion loaded" if report["model"] is None else
+                      f"its champion {report['model'][0]} version {report['model'][1]} gave no score", cause)
+        elif not blind and was_scoring == 0:
+            log.warning("%s is scored again, by %s version %s", family, *report["model"])
+        if report["load_failures"] and not failures_before:
+            log.error("the %s champion failed to load%s", family, cause)
+        if report["unscored"] and not unscored_before:
+            log.error("the %s champion gave no score for %d of %d feature rows%s", family, report["unscored"],
+                      report["judged"], cause)
+
+
+def _sample(metric, family: str) -> float | None:
+    """The value of ``metric``'s sample for ``family`` (a counter's total), None before it has one."""
+    for sample in metric.collect()[0].samples:
+        if sample.labels.get("family") == family and not sample.name.endswith("_created"):
+            return sample.value
+    return None

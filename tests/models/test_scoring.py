@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -246,3 +247,150 @@ def test_the_novelty_scores_are_scikit_learns_to_the_last_bit(max_features):
     assert isolation_scores(forest, np.asfortranarray(rows)).tolist() == fast.tolist()
     with pytest.raises(ValueError, match="7 features"):
         isolation_scores(forest, rows[:, :6])
+
+
+# --- degraded champions: a family's load failure or NaN scores, the registry down ------------------
+
+def _registered(family: str, name: str, seed: int) -> str:
+    """A small detector of ``family`` registered as ``name``'s champion; returns its version."""
+    import mlflow
+
+    from models import registry
+    from models.detectors import FamilyDetector
+
+    rng = np.random.default_rng(seed)
+    features = DetectorConfig(family).features
+    frame = pd.DataFrame(rng.normal(size=(200, len(features))), columns=list(features))
+    detector = FamilyDetector(DetectorConfig(family, seed=seed)).fit(frame, frame[features[0]] > 0)
+    with mlflow.start_run():
+        version = registry.log_detector(detector, PostRule(0.5, 1, 1), frame, name)
+    registry.set_alias(name, "champion", version)
+    return version
+
+
+@pytest.fixture(scope="module")
+def two_champions(tmp_path_factory):
+    """A sqlite MLflow store with a state-leak (vertex rows) and a checkpoint-failure (job rows)
+    champion of its own, no other family."""
+    import mlflow
+
+    from models import registry
+    from tests.conftest import config_for
+
+    config = config_for(tmp_path_factory.mktemp("two-champions"), detection__model_refresh_s="30")
+    config.mlflow.models.state_leak = "faults-state-leak"
+    config.mlflow.models.checkpoint_failure = "faults-checkpoint-failure"
+    registry.ensure_experiment(config)
+    _registered("state_leak", "faults-state-leak", seed=1)
+    _registered("checkpoint_failure", "faults-checkpoint-failure", seed=2)
+    yield config
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture
+def small_store(two_champions):
+    from models import registry
+
+    config = two_champions.model_copy(deep=True)
+    registry.use_config(config)
+    return config
+
+
+def _rows(n: int = 4) -> pd.DataFrame:
+    """Feature rows of both levels: a job row and vertex rows, every feature 0.5."""
+    features = set(DetectorConfig("state_leak").features) | set(DetectorConfig("checkpoint_failure").features)
+    return pd.DataFrame({"vertex_id": [None] + [f"v{i}" for i in range(1, n)], **{f: [0.5] * n for f in features}})
+
+
+def _metric(metrics, name: str, family: str) -> float | None:
+    return metrics.registry.get_sample_value(f"checkpoint_sentinel_{name}", {"family": family})
+
+
+def test_a_champion_that_fails_to_load_blinds_its_family_alone_and_the_job_reports_it(small_store, caplog):
+    import logging
+    import shutil
+
+    from models import registry
+    from pipelines.detection.scoring import ChampionCache, models_payload, record_scoring, score_rows
+    from pipelines.telemetry import DetectionMetrics
+
+    # The state-leak champion's artifacts are gone (a cleaned-up bucket, a lost volume); put back
+    # afterwards for the module's other tests.
+    artifacts = model_artifacts("faults-state-leak", registry.alias_version("faults-state-leak", "champion"))
+    aside = artifacts.with_name("aside")
+    artifacts.rename(aside)
+    try:
+        cache = ChampionCache(small_store)
+        with caplog.at_level(logging.ERROR, logger="pipelines.detection.scoring"):
+            models = cache.require()
+    finally:
+        aside.rename(artifacts)
+    assert sorted(models) == ["checkpoint_failure"]  # the state-leak failure did not stop the others loading
+    assert cache.registry_error is None  # and is not mistaken for an unreachable registry
+    assert "state_leak champion faults-state-leak version" in caplog.text and "NOT scored" in caplog.text
+    assert cache.health.load_failures == {"state_leak": 1}
+    assert score_rows(_rows(), models)["family"].tolist() == ["checkpoint_failure"]  # the job row
+
+    metrics = DetectionMetrics()
+    record_scoring(metrics, models_payload(cache))
+    assert _metric(metrics, "model_load_failures_total", "state_leak") == 1
+    assert _metric(metrics, "model_scoring", "state_leak") == 0
+    assert _metric(metrics, "model_scoring", "checkpoint_failure") == 1
+    assert _metric(metrics, "model_load_failures_total", "checkpoint_failure") is None
+    # The next report counts only what happened since: the failure is not counted twice.
+    record_scoring(metrics, models_payload(cache))
+    assert _metric(metrics, "model_load_failures_total", "state_leak") == 1
+
+
+def model_artifacts(name: str, version: str) -> Path:
+    """The local folder of a registered version's artifacts (MLflow 3: its logged model's)."""
+    from urllib.parse import unquote, urlparse
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient()
+    source = client.get_model_version(name, version).source  # models:/<model id>
+    return Path(unquote(urlparse(client.get_logged_model(source.rsplit("/", 1)[-1]).artifact_location).path))
+
+
+def test_a_champion_that_scores_nan_is_counted_and_its_rows_not_judged_while_the_others_score(small_store):
+    from pipelines.detection.scoring import ChampionCache, models_payload, record_scoring, score_rows
+    from pipelines.telemetry import DetectionMetrics
+
+    cache = ChampionCache(small_store)
+    models = cache.require()
+    # A corrupted state-leak model: its gradient boosting's baseline is NaN, so every score is.
+    leak = models["state_leak"].detector.model
+    leak._baseline_prediction = np.full_like(leak._baseline_prediction, np.nan)
+    scored = score_rows(_rows(), models)
+    assert scored["family"].tolist() == ["checkpoint_failure"] and not scored["score"].isna().any()
+    assert cache.health.unscored == {"state_leak": 3}
+    assert cache.health.judged == {"state_leak": 3, "checkpoint_failure": 1}
+
+    metrics = DetectionMetrics()
+    record_scoring(metrics, models_payload(cache))
+    assert _metric(metrics, "model_nan_scores_total", "state_leak") == 3
+    assert _metric(metrics, "model_scoring", "state_leak") == 0
+    assert _metric(metrics, "model_scoring", "checkpoint_failure") == 1
+
+
+def test_a_fresh_worker_scores_with_the_jobs_copies_while_the_registry_is_down(small_store, tmp_path, monkeypatch):
+    from models.registry import HeldCopies
+    from pipelines.detection.scoring import ChampionCache, score_rows
+    from pipelines.io.storage import Location
+
+    held = HeldCopies(small_store.checkpoint_dir("champions"))
+    first = ChampionCache(small_store, check_environment=False, held=held)
+    expected = score_rows(_rows(), first.require())
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    small_store.mlflow.registry_uri = "http://127.0.0.1:9"  # nothing listens on the discard port
+    fresh = ChampionCache(small_store, check_environment=False, held=held)  # a worker started now
+    models = fresh.require()
+    assert fresh.registry_error is not None
+    assert {f: m.version for f, m in models.items()} == first.versions()
+    assert fresh.sources == {"state_leak": "held copy", "checkpoint_failure": "held copy"}
+    pd.testing.assert_frame_equal(score_rows(_rows(), models), expected)
+    # Without the job's copies (its first start), the registry's outage still stops the start-up.
+    with pytest.raises(Exception, match="cannot be reached"):
+        ChampionCache(small_store, held=HeldCopies(Location.of(tmp_path / "elsewhere"))).require()
