@@ -306,3 +306,82 @@ def read_json_values(bootstrap_servers: str, client_options: Mapping[str, Any], 
         except ValueError:
             log.warning("%s partition %d offset %d is not JSON; skipped", topic, record.partition, record.offset)
     return values
+
+
+class BrokerProbe:
+    """Asks the broker for its cluster's metadata every ``interval_s`` on a thread of its own, and
+    sets ``reachable`` (1 or 0) and ``last_contact`` (when it last answered, epoch seconds): two
+    gauges, or anything with ``set``. The job's input source cannot tell an absent broker from
+    a quiet topic (both give no new offsets), and its reader runs in a Python process the JVM
+    owns; this probe runs beside the driver and tells within ``interval_s + timeout_s``.
+    Logs once when the broker stops answering and once when it answers again."""
+
+    def __init__(self, bootstrap_servers: str, client_options: Mapping[str, Any], reachable: Any = None,
+                 last_contact: Any = None, interval_s: float = 5.0, timeout_s: float = 5.0):
+        self.bootstrap_servers, self.client_options = bootstrap_servers, dict(client_options)
+        self.reachable_gauge, self.last_contact_gauge = reachable, last_contact
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.reachable: bool | None = None
+        self.last_contact: float | None = None
+        self.down_since: float | None = None
+        self._admin: KafkaAdminClient | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kafka-broker-probe", daemon=True)
+
+    def start(self) -> "BrokerProbe":
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping.set()
+        self._thread.join(timeout_s)
+        self._close_admin()
+
+    def probe(self) -> bool:
+        """One metadata request; True when the broker answered it."""
+        try:
+            if self._admin is None:
+                # A client that cannot bootstrap leaves its IO thread behind: made only once a
+                # bootstrap server takes a connection (it then reconnects by itself).
+                check_reachable(self.bootstrap_servers, self.timeout_s)
+                timeout_ms = int(self.timeout_s * 1000)
+                self._admin = _bootstrapped(self.bootstrap_servers, lambda: KafkaAdminClient(
+                    **_common(self.bootstrap_servers, self.client_options), request_timeout_ms=timeout_ms,
+                    bootstrap_timeout_ms=timeout_ms, reconnect_backoff_max_ms=1000))
+            self._admin.describe_cluster()
+        except Exception as exc:  # whatever the client raises, the answer is "no answer"
+            self._record(False, exc)
+            return False
+        self._record(True, None)
+        return True
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self.probe()
+            self._stopping.wait(self.interval_s)
+
+    def _record(self, reachable: bool, error: Exception | None) -> None:
+        now = time.time()
+        if reachable:
+            self.last_contact = now
+            if self.reachable is False:
+                log.warning("Kafka at %s answers again, after %.0f s without an answer", self.bootstrap_servers,
+                            now - (self.down_since or now))
+            self.down_since = None
+        else:
+            if self.reachable is not False:
+                self.down_since = now
+                log.error("Kafka at %s does not answer (%s): the job reads no input and publishes nothing "
+                          "until it does", self.bootstrap_servers,
+                          str(error).splitlines()[0] if str(error) else type(error).__name__)
+        self.reachable = reachable
+        if self.reachable_gauge is not None:
+            self.reachable_gauge.set(1 if reachable else 0)
+        if self.last_contact_gauge is not None and self.last_contact is not None:
+            self.last_contact_gauge.set(self.last_contact)
+
+    def _close_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
