@@ -387,11 +387,11 @@ class AlertRelay:
             alerts = self.book.apply(incident, self._now_ms())
         except (ValueError, KeyError, TypeError, OverflowError, OSError, RecursionError) as exc:
             # Not an incident event this relay can read: the detection job owns the topic's contract.
-            incident_id = incident.get("incident_id", "?") if isinstance(incident, dict) else "?"
-            log.error("rejected %s[%d]@%d (incident %s, reason %s): not an incident event this relay can read "
-                      "(%s: %s)", record.topic, record.partition, record.offset, incident_id, UNREADABLE,
-                      type(exc).__name__, exc)
-            if deliver:  # counted once: a restart's rebuild reads it again
+            if deliver:  # logged and counted once: a restart's rebuild reads it again
+                incident_id = incident.get("incident_id", "?") if isinstance(incident, dict) else "?"
+                log.error("rejected %s[%d]@%d (incident %s, reason %s): not an incident event this relay can "
+                          "read (%s: %s)", record.topic, record.partition, record.offset, incident_id, UNREADABLE,
+                          type(exc).__name__, str(exc)[:300])
                 self._rejected(UNREADABLE)
             return []
         self.stats.events += 1
@@ -404,7 +404,7 @@ class AlertRelay:
                     self.stats.fixed += 1
                     log.warning("fixed the alert of incident %s: %s", _incident_of(alert), "; ".join(checked.fixes))
                 continue
-            if _incident_of(alert) == incident["incident_id"]:
+            if _incident_of(alert) == str(incident["incident_id"]):
                 self.book.open.pop(incident["incident_id"], None)  # never re-sent: it would be rejected again
             if deliver:
                 log.error("rejected the alert of incident %s (reason %s): %s", _incident_of(alert), checked.reason,
