@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -400,3 +401,70 @@ def test_poison_on_the_topic_is_counted_and_the_next_incident_still_reaches_aler
     assert metrics[f"{prefix}_retries_total"] == 0
     assert started <= metrics[f"{prefix}_last_success_timestamp_seconds"] <= time.time()
     assert relay.relay.stats.fixed >= 1 and relay.relay.stats.rejected == 2
+    # A restarted relay rebuilds its book past the poison: it neither counts nor sends it again.
+    relay = RunningRelay(config, [alertmanager.url])
+    try:
+        wait_for(lambda: relay.relay.stats.posts >= 2, what="the restarted relay's re-sends")
+        assert of_incident(alertmanager.alerts(), valid) and not of_incident(alertmanager.alerts(), dashed)
+        assert relay.relay.stats.rejected == 0 and relay.relay.stats.events == 4  # every readable event, rebuilt
+    finally:
+        relay.stop()
+
+
+class FailingFront:
+    """A proxy in front of a real Alertmanager that answers its first ``failures`` posts with 503
+    (an Alertmanager behind a load balancer with no healthy member yet)."""
+
+    def __init__(self, target: str, failures: int):
+        self.failures, self.posts = failures, 0
+        front = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self, body: bytes | None):
+                request = urllib.request.Request(target + self.path, data=body, method=self.command,
+                                                 headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(request, timeout=5) as response:
+                        status, payload = response.status, response.read()
+                except urllib.error.HTTPError as exc:
+                    status, payload = exc.code, exc.read()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self):
+                self._forward(None)
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                front.posts += 1
+                if front.posts <= front.failures:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                self._forward(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_a_5xx_is_retried_with_backoff_and_counted_and_nothing_is_rejected(config, alertmanager):
+    opened, _, _ = skew_incident()
+    front = FailingFront(alertmanager.url, failures=2)
+    relay = RunningRelay(config, [front.url])
+    try:
+        publish(config, opened)
+        wait_for(lambda: of_incident(alertmanager.alerts(), opened), what="the alert after two 503s")
+        metrics = metric_values(relay.relay.metrics_server.url)
+    finally:
+        relay.stop()
+        front.server.shutdown()
+    assert metrics["checkpoint_sentinel_alert_relay_retries_total"] == 2
+    assert metrics["checkpoint_sentinel_alert_relay_delivered_total"] >= 1
+    assert sum(v for k, v in metrics.items() if k.startswith("checkpoint_sentinel_alert_relay_rejected_total")) == 0
