@@ -45,9 +45,14 @@ class RelayCommand:
         self.process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "alert", "--alertmanager", url],
                                         cwd=PROJECT_ROOT, env=env, stdout=open(self.out, "wb"),
                                         stderr=open(self.err, "wb"))
-        wait_for(lambda: self.process.poll() is not None or "delivering" in self.out.read_text(), timeout_s=60,
-                 what="the relay to start")
-        assert self.process.poll() is None, self.out.read_text() + self.err.read_text()
+        try:
+            wait_for(lambda: self.process.poll() is not None or "delivering" in self.out.read_text(), timeout_s=60,
+                     what="the relay to start")
+            assert self.process.poll() is None, self.out.read_text() + self.err.read_text()
+        except BaseException:
+            self.process.kill()
+            self.process.wait(10)
+            raise
 
     def metrics(self) -> dict[str, float]:
         served = re.search(r"/metrics at (http://\S+/metrics)", self.out.read_text())
@@ -57,7 +62,12 @@ class RelayCommand:
     def stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(30)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError("sentinel alert did not stop within 30 s of SIGTERM") from None
 
 
 @pytest.fixture
