@@ -14,7 +14,9 @@ as soon as that job's poll is done (a slow job, or a slow vertex, delays nobody 
   is not asked); the ledger remembers what was published, across restarts;
 - ``vertex_metrics`` (running jobs): one request per vertex for the ``<subtask>.<metric>`` ids of
   ``/jobs/:id/vertices/:vid/metrics`` (a metric's older name only until the cluster shows it uses
-  the newer one).
+  the newer one), at most once per refresh of the metrics the JobManager serves
+  (``metrics.fetcher.update-interval`` in ``/jobmanager/config``, 10 s by default): asked more
+  often, they repeat the values of the last answer.
 
 The request budget: what cannot change while a job's tasks do not change state is not asked
 again. ``/jobs/:id`` (the vertices and their parallelism) and ``numRestarts`` are kept while the
@@ -64,6 +66,7 @@ Publish = Callable[[list[dict]], "Awaitable[None] | None"]
 # collector and the JobManager.
 SETTLE_MS = 30_000
 CHECKPOINT_CONFIG_SETTLE_MS = SETTLE_MS
+CONFIG_REREAD_S = 600  # the JobManager's metric refresh interval is read again this often
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,11 @@ class ClusterCollector:
         self._jobs: dict[str, _JobCache] = {}
         self._seen_terminal: set[str] = set()
         self._metric_names = [name for candidates, _ in mapping.SUBTASK_METRICS.values() for name in candidates]
+        # How often the JobManager refreshes the metrics it serves (0: unknown, asked every poll),
+        # when that was last read, and when each job's vertex metrics were last asked.
+        self._metrics_refresh_ms = 0
+        self._refresh_read_at: float | None = None
+        self._metrics_asked_ms: dict[str, int] = {}
 
     def _adopt_other_ledgers(self, folder: Location) -> None:
         """A shard starting without a ledger of its own (the first run with this shard count) takes
@@ -212,11 +220,15 @@ class ClusterCollector:
     async def _poll(self, result: PollResult, started: float) -> None:
         overview_task = asyncio.ensure_future(self.rest.get("/jobs/overview"))
         heap_task = asyncio.ensure_future(self.rest.metrics("/jobmanager/metrics", mapping.JM_HEAP_METRICS))
+        refresh_task = None
+        if self._refresh_read_at is None or time.monotonic() - self._refresh_read_at > CONFIG_REREAD_S:
+            refresh_task = asyncio.ensure_future(self._read_metrics_refresh())
         try:
             overview = await overview_task
         except FlinkRestError as exc:
             heap_task.cancel()
-            await asyncio.gather(heap_task, return_exceptions=True)
+            await asyncio.gather(heap_task, *([refresh_task] if refresh_task else []), return_exceptions=True)
+            self._refresh_read_at = None
             result.reachable = False
             result.errors.append(str(exc))
             return
@@ -225,6 +237,8 @@ class ClusterCollector:
         except FlinkRestError as exc:
             result.errors.append(str(exc))
             jm_metrics = {}
+        if refresh_task is not None:
+            await refresh_task
         listed = [job for job in overview.get("jobs") or [] if isinstance(job, dict) and job.get("jid")]
         result.jobs = len(listed)
         mine = [job for job in listed if self.shard.owns(self.endpoint.name, job["jid"])]
@@ -250,6 +264,8 @@ class ClusterCollector:
             del self._jobs[gone]
         for gone in [j for j in self._checkpoint_config if j not in mine_ids]:
             del self._checkpoint_config[gone]
+        for gone in [j for j in self._metrics_asked_ms if j not in mine_ids]:
+            del self._metrics_asked_ms[gone]
         self._seen_terminal &= mine_ids
         self.ledger.save()
         for error in result.errors:
@@ -285,6 +301,29 @@ class ClusterCollector:
         commit()
         result.events.extend(valid)
         result.job_seconds.append(time.monotonic() - started)
+
+    async def _read_metrics_refresh(self) -> None:
+        """``metrics.fetcher.update-interval`` from ``/jobmanager/config``; unknown (0: vertex
+        metrics asked at every poll) when the JobManager does not say."""
+        try:
+            answer = await self.rest.get("/jobmanager/config")
+        except FlinkRestError as exc:
+            log.info("%s: %s; vertex metrics asked at every poll", self.endpoint.name, exc)
+            answer = None
+        refresh = mapping.metrics_refresh_ms(answer)
+        self._metrics_refresh_ms = refresh or 0
+        self._refresh_read_at = time.monotonic()
+
+    def _vertex_metrics_due(self, job_id: str, sampled_at: int) -> bool:
+        """Whether this poll asks the job's vertex metrics: unless the JobManager has not refreshed
+        them since they were last asked (polled every 5 s, a cluster refreshing every 10 s would
+        answer every other poll with the values of the one before, stamped with a later time)."""
+        last = self._metrics_asked_ms.get(job_id)
+        interval_ms = self.settings.interval_s * 1000
+        if last is not None and sampled_at - last < self._metrics_refresh_ms - interval_ms / 2:
+            return False
+        self._metrics_asked_ms[job_id] = sampled_at
+        return True
 
     def _settled(self, job: dict, state: str, sampled_at: int) -> bool:
         changed_at = job.get("last-modification")  # the last change of the job's or a task's state
@@ -345,7 +384,7 @@ class ClusterCollector:
         fresh = self.ledger.unpublished(job_id, history)
         checkpoint_events = [self._checkpoint(job, checkpoint, job_vertices, result) for checkpoint in fresh]
         vertex_events = ([self._vertex_metrics(job, vertex, result) for vertex in job_vertices]
-                         if state == "RUNNING" else [])
+                         if state == "RUNNING" and self._vertex_metrics_due(job_id, sampled_at) else [])
         done = await asyncio.gather(*checkpoint_events, *vertex_events)
         events = [status, *(event for event in done if event is not None)]
         published_ids = [int(c["id"]) for c in fresh]

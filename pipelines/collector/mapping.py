@@ -71,6 +71,44 @@ JM_HEAP_METRICS = ("Status.JVM.Memory.Heap.Used", "Status.JVM.Memory.Heap.Max")
 JOB_METRICS = ("numRestarts",)
 
 
+# Flink's default metrics.fetcher.update-interval: how often the JobManager refreshes the metrics its
+# REST API serves (asked sooner, they are the same values again).
+DEFAULT_METRICS_REFRESH_MS = 10_000
+_DURATION_UNITS_MS = {"ns": 1e-6, "nano": 1e-6, "nanos": 1e-6, "nanosecond": 1e-6, "nanoseconds": 1e-6,
+                      "us": 1e-3, "\u00b5s": 1e-3, "micro": 1e-3, "micros": 1e-3, "microsecond": 1e-3,
+                      "microseconds": 1e-3, "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
+                      "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+                      "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+                      "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000, "day": 86_400_000,
+                      "days": 86_400_000}
+
+
+def metrics_refresh_ms(jobmanager_config: Any) -> int | None:
+    """How often the JobManager refreshes the metrics it serves, from ``/jobmanager/config``
+    (``[{"key": ..., "value": ...}]``): ``metrics.fetcher.update-interval`` as Flink parses a
+    duration (a bare number is milliseconds), Flink's default when the key is not set, None when
+    the answer or the value is not understood.
+
+    >>> [metrics_refresh_ms(v) for v in ([{"key": "metrics.fetcher.update-interval", "value": "2000"}],
+    ...  [{"key": "metrics.fetcher.update-interval", "value": "30 s"}], [], "junk")]
+    [2000, 30000, 10000, None]
+    """
+    if not isinstance(jobmanager_config, list):
+        return None
+    entry = next((e for e in jobmanager_config if isinstance(e, dict)
+                  and e.get("key") == "metrics.fetcher.update-interval"), None)
+    if entry is None:
+        return DEFAULT_METRICS_REFRESH_MS
+    text = str(entry.get("value") or "").strip().lower()
+    if text.startswith("pt") and text.endswith("s") and text[2:-1].replace(".", "", 1).isdigit():
+        return int(float(text[2:-1]) * 1000)  # ISO-8601, as Duration.toString() writes seconds
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz\u00b5 ")
+    unit = text[len(number):].strip() or "ms"
+    if unit not in _DURATION_UNITS_MS or not number.replace(".", "", 1).isdigit():
+        return None
+    return int(float(number) * _DURATION_UNITS_MS[unit])
+
+
 def metric_number(value: Any) -> float | None:
     """A Flink metric value (a string, usually) as a float; NaN, infinities and junk are None."""
     if value is None or isinstance(value, bool):

@@ -74,3 +74,28 @@ def test_a_settled_job_costs_fewer_requests_per_poll():
     fresh = sum(1 for path in polls[1] if path.count("/subtasks/"))
     old_requests = 5 + 8 + fresh + fresh // 8
     assert len(asked[1]) == 2 + 1 + 8 + fresh < old_requests
+
+
+@pytest.mark.parametrize("refresh, asked", [("10 s", [8, 0, 8, 0]), ("2000", [8, 8, 8, 8]), (None, [8, 0, 8, 0])])
+def test_vertex_metrics_are_asked_once_per_refresh_of_the_jobmanagers_metrics(refresh, asked):
+    """Flink's JobManager refreshes the metrics it serves every metrics.fetcher.update-interval
+    (10 s unless set): polled every 5 s, every other answer would repeat the one before."""
+    import copy
+
+    polls = copy.deepcopy(recorded_polls("leak"))
+    polls[0]["/jobmanager/config"] = ([{"key": "metrics.fetcher.update-interval", "value": refresh}]
+                                      if refresh else [{"key": "parallelism.default", "value": "1"}])
+    start = clock_at(polls, 0, 120.0)
+    now = [start]
+    counts, samples = [], []
+    with RecordedFlink(polls) as flink:
+        flink.poll = 1  # the running job, at every poll
+        collector = ClusterCollector(endpoint(flink.url), settings(), lambda events: None, clock=lambda: now[0])
+        for poll in range(4):
+            now[0] = start + 5 * poll
+            before = len(flink.requests)
+            result = collector.poll()
+            counts.append(sum("/vertices/" in path for path in flink.requests[before:]))
+            samples.append(sum(e["kind"] == "vertex_metrics" for e in result.events))
+        assert flink.requests.count("/jobmanager/config") == 1  # read once, not at every poll
+    assert counts == asked and samples == asked
