@@ -1,10 +1,16 @@
 """The job's progress listener on a real Spark session: the progress it reads as one JSON string
-is the progress PySpark's own bridge builds field by field."""
+is the progress PySpark's own bridge builds field by field, and the metrics listener writes the
+registry /metrics serves, with how far the newest event is behind."""
 
+import time
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
-from pipelines.detection.observability import ProgressListener
+from pipelines.detection.observability import MetricsListener, ProgressListener
+from pipelines.telemetry import DetectionMetrics
 from tests.pipelines.detection.helpers import wait_for
 
 
@@ -72,3 +78,37 @@ def test_the_json_progress_is_the_progress_pyspark_builds(spark, tmp_path):
     assert all(p._jdict is None for p in by_fields.seen)
     assert sum(p.numInputRows for p in by_json.seen) == 100
     assert by_json.seen[-1].stateOperators[0].numRowsTotal == 7
+
+
+def test_the_metrics_listener_writes_the_served_registry_with_the_newest_event_s_lag(spark, tmp_path):
+    source = tmp_path / "events"
+    newest_ms = int(time.time() * 1000) - 90_000  # ninety seconds ago
+    spark.createDataFrame([(f"job-{i % 3}", newest_ms - i * 1000) for i in range(30)], "job string, ts long") \
+        .write.json(str(source / "part=0"))
+    metrics = DetectionMetrics()
+    listener = MetricsListener(tmp_path / "metrics" / "sentinel.prom", metrics=metrics)
+    spark.streams.addListener(listener)
+    try:
+        events = (spark.readStream.schema("job string, ts long").json(str(source / "*"))
+                  .withColumn("at", F.timestamp_millis("ts")).withWatermark("at", "5 minutes"))
+        query = (events.groupBy("job").count().writeStream.queryName("listened").outputMode("update")
+                 .format("noop").option("checkpointLocation", str(tmp_path / "checkpoint"))
+                 .trigger(availableNow=True).start())
+        assert query.awaitTermination(120) and query.exception() is None
+        wait_for(lambda: listener.path.exists(), 60, every_s=0.2)
+    finally:
+        spark.streams.removeListener(listener)
+    written = listener.path.read_text()
+    assert names(written) == names(generate_latest(metrics.registry).decode())  # one registry, both outputs
+    scraped = {(s.name, tuple(s.labels.items())): s.value
+               for family in text_string_to_metric_families(written) for s in family.samples}
+    query_label = (("query", "listened"),)
+    assert scraped[("checkpoint_sentinel_newest_event_timestamp_seconds", query_label)] == newest_ms / 1000
+    assert 90 <= scraped[("checkpoint_sentinel_event_lag_seconds", query_label)] < 150
+    assert scraped[("checkpoint_sentinel_input_rows_total", query_label)] == 30
+    # No file left behind but the one node_exporter reads (write_to_textfile renames its temporary).
+    assert [p.name for p in listener.path.parent.iterdir()] == ["sentinel.prom"]
+
+
+def names(text: str) -> set[str]:
+    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
