@@ -15,23 +15,33 @@ the way each family is judged:
 Then the evidence the detector read, the symptoms folded into the incident, the forecast, the
 runbook, the model that scored it and the incident's events. Plots are inline SVG and the styles
 inline: the file opens from a disk, an artifact store or a mail without any other file or network.
+
+Every name, id, summary and evidence string is data from a Flink job or the incident topic: the
+plots draw it as plain text (no mathtext, no LaTeX), the HTML comes from autoescaping Jinja2
+templates, and a page's file name comes from :func:`page_file`, written only inside ``--out``.
 """
 
 from __future__ import annotations
 
-import html
+import functools
+import hashlib
 import io
 import json
 import math
+import os
+import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import jinja2
 import pandas as pd
+from markupsafe import Markup, escape
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.detection.evidence import human_duration
-from pipelines.detection.incident_view import utc_time
+from pipelines.detection.incident_view import printable, utc_time
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
@@ -163,6 +173,22 @@ def _pyplot():
     return plt
 
 
+# Names are text, never markup: Flink SQL names operators like ``Calc(select=[a, EXPR$0])``, and
+# mathtext would typeset (or fail on) anything between two dollars, LaTeX on any special character.
+PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
+
+
+def _plain_text(plot):
+    """Run a plot with every text artist it makes (titles, labels, legends, ticks) taken as written."""
+    @functools.wraps(plot)
+    def plain(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context(PLAIN_TEXT):
+            return plot(*args, **kwargs)
+    return plain
+
+
 def _svg(fig) -> str:
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", bbox_inches="tight")
@@ -193,7 +219,7 @@ def _marks(ax, history: Sequence[dict], restarts: Sequence[float] = ()) -> None:
     ax.axvline(_time(first["opened_at"]), color="#b00020", linewidth=1.4, label="incident opened")
     for symptom in last.get("symptoms") or []:
         ax.axvline(_time(symptom["first_at"]), color="#6b4f9c", linewidth=1, linestyle="--",
-                   label=f"symptom: {symptom['family'].replace('_', ' ')}")
+                   label=f"symptom: {printable(symptom['family']).replace('_', ' ')}")
     if last.get("resolved_at"):
         ax.axvline(_time(last["resolved_at"]), color="#2e7d32", linewidth=1.2, label="resolved")
     for i, ts in enumerate(restarts):
@@ -210,6 +236,7 @@ def restart_times(metrics: JobMetrics) -> list[float]:
     return metrics.status.loc[restarts.diff() > 0, "ts"].astype("float64").tolist()
 
 
+@_plain_text
 def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     """State over time, the detector's trend at the decision, and the forecast to the limit."""
     incident = last_open_event(history)
@@ -218,7 +245,7 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     if incident.get("vertex_id") and not metrics.vertex_state.empty:
         series = metrics.vertex_state[metrics.vertex_state["vertex_id"] == incident["vertex_id"]]
         column = "largest_subtask_bytes" if per_subtask else "state_size_bytes"
-        label = f"{incident.get('vertex_name')}: " + ("largest subtask's state" if per_subtask else "state")
+        label = f"{printable(incident.get('vertex_name'))}: " + ("largest subtask's state" if per_subtask else "state")
     else:
         series, column = metrics.checkpoints[metrics.checkpoints["status"] == "COMPLETED"], "state_size_bytes"
         label = "job state"
@@ -256,6 +283,7 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     return _svg(fig)
 
 
+@_plain_text
 def backpressure_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     """Busy and backpressured time per vertex (the worst subtask), the incident's vertex in bold."""
     if metrics.samples.empty:
@@ -269,7 +297,7 @@ def backpressure_plot(history: Sequence[dict], metrics: JobMetrics) -> str | Non
     for n, ((vertex_id, name), rows) in enumerate(worst.groupby(["vertex_id", "vertex_name"], sort=False)):
         ours = vertex_id == incident.get("vertex_id")
         style = {"color": colours[n % len(colours)], "linewidth": 2.4 if ours else 1.0,
-                 "label": name + (" (the bottleneck)" if ours else "")}
+                 "label": printable(name) + (" (the bottleneck)" if ours else "")}
         axes[0].plot(_times(rows["ts"]), rows["busy"], **style)
         axes[1].plot(_times(rows["ts"]), rows["backpressured"], **style)
     for ax, what in zip(axes, ("busy", "backpressured")):
@@ -283,6 +311,7 @@ def backpressure_plot(history: Sequence[dict], metrics: JobMetrics) -> str | Non
     return _svg(fig)
 
 
+@_plain_text
 def skew_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     """Per-subtask records in (mean of a minute) and state (a checkpoint), when the incident opened
     and at its latest (a hot key often keeps heating up after the first sign)."""
@@ -319,11 +348,12 @@ def skew_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
         ax.set_xticks(sorted({int(i) for _, v in series for i in v.index}))
         ax.set_xlabel("subtask (left: when it opened, right: latest)")
         ax.set_title(label, loc="left")
-    fig.suptitle(f"{last.get('vertex_name')}: load per subtask" + (f", the hot one #{hot} in red" if hot is not None
+    fig.suptitle(f"{printable(last.get('vertex_name'))}: load per subtask" + (f", the hot one #{hot} in red" if hot is not None
                                                                     else ""), x=0.01, y=1.04, ha="left", fontsize=10)
     return _svg(fig)
 
 
+@_plain_text
 def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     """Each checkpoint's duration at its trigger time, against the interval and the timeout."""
     if metrics.checkpoints.empty and metrics.status.empty:
@@ -361,7 +391,7 @@ def plots_for(history: Sequence[dict], metrics: JobMetrics) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTML
+# HTML (Jinja2, every value escaped; control characters shown escaped, see ``printable``)
 # ---------------------------------------------------------------------------------------------
 
 STYLE = """
@@ -376,6 +406,85 @@ background:#f5f5f7;border-radius:4px}pre{padding:8px;overflow-x:auto}.muted{colo
 .forecast{background:#fff4f4;border-left:4px solid #b00020;padding:6px 10px;margin:10px 0}
 """
 
+TEMPLATES = {
+    "macros": """\
+{% macro badge(severity) -%}
+<span class="badge" style="background:{{ colours.get(severity, '#555') }}">{{ severity }}</span>
+{%- endmacro %}
+""",
+    "page": """\
+{% from "macros" import badge %}<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{{ title }}: {{ where }}</title>
+<style>{{ style }}</style></head><body>
+<div class="state">checkpoint-sentinel incident <code>{{ incident_id }}</code> · \
+<a href="index.html">all open incidents</a></div>
+<h1>{{ badge(severity) }}{{ title }}: {{ where }}</h1>
+<div class="state">{{ state }} · cluster {{ cluster }} · job id <code>{{ job_id }}</code></div>
+<p class="summary">{{ summary }}</p>
+{% if forecast %}<div class="forecast"><b>Forecast:</b> {{ forecast.metric }} reaches {{ forecast.limit }} in about \
+<b>{{ forecast.eta }}</b> (at {{ forecast.at }}).</div>
+{% endif %}<h2>What the detector saw</h2>
+{% for svg in plots %}<div class="plot">{{ svg }}</div>
+{% else %}<p class="muted">No metrics of this job were found for the incident's time: the input topic has been \
+compacted or the events were not given.</p>
+{% endfor %}{% if symptoms %}<h2>Symptoms folded into this incident</h2>
+<table><tr><th>family</th><th>first seen</th><th>evidence</th></tr>
+{% for s in symptoms %}<tr><td>{{ s.family }}</td><td>{{ s.first_seen }}</td><td>{{ s.evidence }}</td></tr>
+{% endfor %}</table>
+{% endif %}<h2>Runbook</h2>
+<ol>
+{% for step in runbook %}<li>{{ step }}</li>
+{% endfor %}</ol>
+<h2>Evidence</h2>
+<p class="muted">The features the {{ family }} detector read at {{ evidence_at }} (score {{ score }}), then recent \
+raw values.</p>
+<table><tr><th>feature</th><th class=num>value</th></tr>
+{% for name, value in features %}<tr><td><code>{{ name }}</code></td><td class=num>{{ value }}</td></tr>
+{% endfor %}</table>
+{% if raw %}<pre>{{ raw }}</pre>
+{% endif %}<h2>Model</h2>
+<p><code>{{ model.name }}</code> version {{ model.version }} (alias {{ model.alias }})</p>
+<h2>Events</h2>
+<table><tr><th>event</th><th>time</th><th>severity</th><th>summary</th></tr>
+{% for e in events %}<tr><td>{{ e.event }}</td><td>{{ e.time }}</td><td>{{ badge(e.severity) }}</td>\
+<td>{{ e.summary }}</td></tr>
+{% endfor %}</table>
+<h2>Labels</h2>
+<pre>{{ labels }}</pre>
+</body></html>
+""",
+    "index": """\
+{% from "macros" import badge %}<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>checkpoint-sentinel: {{ open|length }} open incidents</title>\
+<style>{{ style }}</style></head><body>
+<h1>{{ open|length }} open incident{{ '' if open|length == 1 else 's' }}</h1>
+<div class="state">as of {{ generated }} (the latest incident event)</div>
+{% macro rows(items, resolved) -%}
+<table><tr><th>severity</th><th>family</th><th>job / vertex</th><th>opened</th><th>{{ 'resolved' if resolved else \
+'last update' }}</th><th>summary</th></tr>
+{% for i in items %}<tr><td>{{ badge(i.severity) }}</td><td>{{ i.family }}</td><td><a href="{{ i.href }}">{{ i.where }}\
+</a></td><td>{{ i.opened }}</td><td>{{ i.until }}</td><td>{{ i.summary }}</td></tr>
+{% endfor %}</table>
+{%- endmacro %}
+{% if open %}{{ rows(open, False) }}{% else %}<p class="muted">None.</p>{% endif %}
+{% if resolved %}<h2>Resolved ({{ resolved|length }})</h2>
+{{ rows(resolved, True) }}
+{% endif %}</body></html>
+""",
+}
+
+
+def _shown(value):
+    """Every value a template writes: markup made here passes, anything else becomes printable
+    text (and is then escaped by the environment)."""
+    return value if isinstance(value, Markup) else printable("" if value is None else value)
+
+
+TEMPLATE_ENVIRONMENT = jinja2.Environment(loader=jinja2.DictLoader(TEMPLATES), autoescape=True,
+                                          undefined=jinja2.StrictUndefined, finalize=_shown, keep_trailing_newline=True)
+TEMPLATE_ENVIRONMENT.globals.update(style=Markup(STYLE), colours=SEVERITY_COLOURS)
+
 
 def _when(ms: int | float | None) -> str:
     return "-" if ms is None else f"{utc_time(ms)} UTC"
@@ -386,86 +495,79 @@ def _value(value) -> str:
         if math.isnan(value):
             return "-"
         return f"{value:.4g}"
-    return html.escape(str(value))
+    return str(value)
 
 
-def _badge(severity: str) -> str:
-    return (f'<span class="badge" style="background:{SEVERITY_COLOURS.get(severity, "#555")}">'
-            f"{html.escape(severity)}</span>")
+def _preformatted(value, sort_keys: bool = False) -> Markup:
+    """JSON laid out over lines, made printable and escaped here: its newlines are its layout (a
+    newline inside a string is JSON's own ``\\n``)."""
+    text = json.dumps(value, indent=1, sort_keys=sort_keys, ensure_ascii=False, default=str)
+    return Markup(escape("\n".join(printable(line) for line in text.split("\n"))))
+
+
+# An id the detector makes (``<family>-<hex>``) is its own file name, so ``alert.incident_url``
+# can link to ``{incident_id}.html``; "index" is the index's.
+PLAIN_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
+RESERVED_NAMES = frozenset({"index"})
+SLUG_CHARS = 60
 
 
 def page_file(incident_id: str) -> str:
-    return f"{incident_id}.html"
+    """The file name of an incident's page: the id itself when it is a plain lower-case name,
+    else a slug of it and a hash of the whole id after a ``~`` (which no plain id holds), so two
+    ids never share a page. Only ``[a-z0-9_~-]`` and ``.html``: safe in a folder and in a URL."""
+    if PLAIN_ID.fullmatch(incident_id) and incident_id not in RESERVED_NAMES:
+        return f"{incident_id}.html"
+    slug = re.sub(r"[^a-z0-9]+", "-", incident_id.lower()).strip("-")[:SLUG_CHARS].rstrip("-") or "incident"
+    digest = hashlib.sha256(incident_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{slug}~{digest}.html"
+
+
+def _where(incident: Mapping) -> str:
+    where = str(incident.get("job_name") or incident["job_id"])
+    if incident.get("vertex_name"):
+        where += f" / {incident['vertex_name']}"
+    return where
 
 
 def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
     """One incident's page (``history``: its events in order)."""
     last = history[-1]
     latest = last_open_event(history)
-    where = html.escape(last.get("job_name") or last["job_id"])
-    if last.get("vertex_name"):
-        where += f" / {html.escape(last['vertex_name'])}"
+    where = _where(last)
     if last.get("subtask_index") is not None:
         where += f" / subtask #{last['subtask_index']}"
-    state = (f"resolved {_when(last['resolved_at'])}" if last.get("resolved_at")
-             else f"open since {_when(last['opened_at'])}, last update {_when(last['updated_at'])}")
-    model = last.get("model") or {}
-    parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(FAMILY_TITLES.get(last['family'], last['family']))}: {where}</title>",
-        f"<style>{STYLE}</style></head><body>",
-        f'<div class="state">checkpoint-sentinel incident <code>{html.escape(last["incident_id"])}</code> · '
-        f'<a href="index.html">all open incidents</a></div>',
-        f"<h1>{_badge(latest['severity'])}{html.escape(FAMILY_TITLES.get(last['family'], last['family']))}: {where}</h1>",
-        f'<div class="state">{state} · cluster {html.escape(last["cluster"])} · job id '
-        f"<code>{html.escape(last['job_id'])}</code></div>",
-        f'<p class="summary">{html.escape(latest["summary"])}</p>',
-    ]
     forecast = latest.get("forecast")
+    forecast_box = None
     if forecast and not last.get("resolved_at"):
         limit = forecast.get("limit")
-        limit_text = f"{limit / MIB:.1f} MiB" if limit else f"its limit ({forecast.get('limit_source')})"
-        parts.append(f'<div class="forecast"><b>Forecast:</b> {html.escape(str(forecast.get("metric")))} reaches '
-                     f"{limit_text} in about <b>{human_duration(forecast['eta_ms'] / 1000)}</b> "
-                     f"(at {_when(latest['updated_at'] + forecast['eta_ms'])}).</div>")
-    plots = plots_for(history, metrics) if not metrics.empty else []
-    parts.append("<h2>What the detector saw</h2>")
-    if plots:
-        parts += [f'<div class="plot">{svg}</div>' for svg in plots]
-    else:
-        parts.append('<p class="muted">No metrics of this job were found for the incident\'s time: the input topic '
-                     "has been compacted or the events were not given.</p>")
-    symptoms = latest.get("symptoms") or []
-    if symptoms:
-        parts += ["<h2>Symptoms folded into this incident</h2>", "<table><tr><th>family</th><th>first seen</th>"
-                  "<th>evidence</th></tr>"]
-        for s in symptoms:
-            shown = ", ".join(f"{k} {_value(v)}" for k, v in ((s.get("evidence") or {}).get("features") or {}).items()
-                              if v not in (0, 0.0))
-            parts.append(f"<tr><td>{html.escape(s['family'].replace('_', ' '))}</td><td>{_when(s['first_at'])}</td>"
-                         f"<td>{shown}</td></tr>")
-        parts.append("</table>")
-    parts += ["<h2>Runbook</h2>", "<ol>", *[f"<li>{html.escape(step)}</li>" for step in latest.get("runbook") or []],
-              "</ol>"]
+        forecast_box = {"metric": str(forecast.get("metric")),
+                        "limit": f"{limit / MIB:.1f} MiB" if limit else f"its limit ({forecast.get('limit_source')})",
+                        "eta": human_duration(forecast["eta_ms"] / 1000),
+                        "at": _when(latest["updated_at"] + forecast["eta_ms"])}
     evidence = latest.get("evidence") or {}
-    parts += ["<h2>Evidence</h2>", f'<p class="muted">The features the {html.escape(last["family"])} detector read at '
-              f"{_when(evidence.get('ts'))} (score {latest['score']:.3f}), then recent raw values.</p>",
-              "<table><tr><th>feature</th><th class=num>value</th></tr>",
-              *[f"<tr><td><code>{html.escape(k)}</code></td><td class=num>{_value(v)}</td></tr>"
-                for k, v in (evidence.get("features") or {}).items()], "</table>"]
+    symptoms = [{"family": str(s["family"]).replace("_", " "), "first_seen": _when(s["first_at"]),
+                 "evidence": ", ".join(f"{k} {_value(v)}"
+                                       for k, v in ((s.get("evidence") or {}).get("features") or {}).items()
+                                       if v not in (0, 0.0))}
+                for s in latest.get("symptoms") or []]
     raw = {k: v for k, v in evidence.items() if k not in ("features", "ts")}
-    if raw:
-        parts.append(f"<pre>{html.escape(json.dumps(raw, indent=1))}</pre>")
-    parts += ["<h2>Model</h2>", f"<p><code>{html.escape(str(model.get('name')))}</code> version "
-              f"{html.escape(str(model.get('version')))} (alias {html.escape(str(model.get('alias')))})</p>",
-              "<h2>Events</h2>", "<table><tr><th>event</th><th>time</th><th>severity</th><th>summary</th></tr>"]
-    for e in history:
-        parts.append(f"<tr><td>{html.escape(e['event'])}</td><td>{_when(e['updated_at'])}</td>"
-                     f"<td>{_badge(e['severity'])}</td><td>{html.escape(e['summary'])}</td></tr>")
-    parts += ["</table>", "<h2>Labels</h2>",
-              f"<pre>{html.escape(json.dumps(last.get('labels') or {}, indent=1, sort_keys=True))}</pre>",
-              "</body></html>"]
-    return "\n".join(parts) + "\n"
+    model = last.get("model") or {}
+    state = (f"resolved {_when(last['resolved_at'])}" if last.get("resolved_at")
+             else f"open since {_when(last['opened_at'])}, last update {_when(last['updated_at'])}")
+    return TEMPLATE_ENVIRONMENT.get_template("page").render(
+        title=FAMILY_TITLES.get(last["family"], last["family"]), where=where, incident_id=last["incident_id"],
+        severity=latest["severity"], state=state, cluster=last["cluster"], job_id=last["job_id"],
+        summary=latest["summary"], forecast=forecast_box,
+        plots=[Markup(svg) for svg in plots_for(history, metrics)] if not metrics.empty else [],
+        symptoms=symptoms, runbook=latest.get("runbook") or [], family=last["family"],
+        evidence_at=_when(evidence.get("ts")), score=f"{latest['score']:.3f}",
+        features=[(k, _value(v)) for k, v in (evidence.get("features") or {}).items()],
+        raw=_preformatted(raw) if raw else None,
+        model={k: str(model.get(k)) for k in ("name", "version", "alias")},
+        events=[{"event": e["event"], "time": _when(e["updated_at"]), "severity": e["severity"],
+                 "summary": e["summary"]} for e in history],
+        labels=_preformatted(last.get("labels") or {}, sort_keys=True))
 
 
 def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int) -> str:
@@ -475,28 +577,33 @@ def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int) 
                    key=lambda h: (rank.get(h[-1]["severity"], 3), -h[-1]["opened_at"]))
     resolved = sorted((h for h in histories.values() if not is_open(h)), key=lambda h: -h[-1]["resolved_at"])
 
-    def rows(items: list[Sequence[dict]], resolved_: bool) -> list[str]:
-        out = ["<table><tr><th>severity</th><th>family</th><th>job / vertex</th><th>opened</th>"
-               f"<th>{'resolved' if resolved_ else 'last update'}</th><th>summary</th></tr>"]
-        for h in items:
-            last = h[-1]
-            latest = last_open_event(h)
-            where = html.escape(last.get("job_name") or last["job_id"]) + (
-                f" / {html.escape(last['vertex_name'])}" if last.get("vertex_name") else "")
-            out.append(f"<tr><td>{_badge(latest['severity'])}</td><td>{html.escape(last['family'])}</td>"
-                       f'<td><a href="{page_file(last["incident_id"])}">{where}</a></td><td>{_when(last["opened_at"])}</td>'
-                       f"<td>{_when(last['resolved_at'] if resolved_ else last['updated_at'])}</td>"
-                       f"<td>{html.escape(latest['summary'])}</td></tr>")
-        return out + ["</table>"]
+    def rows(items: list[Sequence[dict]], resolved_: bool) -> list[dict]:
+        return [{"severity": last_open_event(h)["severity"], "family": h[-1]["family"],
+                 "href": page_file(h[-1]["incident_id"]), "where": _where(h[-1]), "opened": _when(h[-1]["opened_at"]),
+                 "until": _when(h[-1]["resolved_at"] if resolved_ else h[-1]["updated_at"]),
+                 "summary": last_open_event(h)["summary"]} for h in items]
 
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><title>checkpoint-sentinel: '
-             f"{len(open_)} open incidents</title><style>{STYLE}</style></head><body>",
-             f"<h1>{len(open_)} open incident{'s' if len(open_) != 1 else ''}</h1>",
-             f'<div class="state">as of {_when(generated_at_ms)} (the latest incident event)</div>']
-    parts += rows(open_, False) if open_ else ['<p class="muted">None.</p>']
-    if resolved:
-        parts += [f"<h2>Resolved ({len(resolved)})</h2>", *rows(resolved, True)]
-    return "\n".join(parts + ["</body></html>"]) + "\n"
+    return TEMPLATE_ENVIRONMENT.get_template("index").render(open=rows(open_, False), resolved=rows(resolved, True),
+                                                             generated=_when(generated_at_ms))
+
+
+def _write_inside(root: Path, name: str, text: str) -> Path:
+    """Write ``root/name`` whole (a reader of the folder never sees half a page) and never
+    elsewhere: ``name`` must be a plain file name, and a link already there is replaced, not
+    followed."""
+    path = root / name
+    if path.parent != root or name in ("", ".", ".."):
+        raise ValueError(f"refusing to write {name!r} outside {root}")
+    handle, temporary = tempfile.mkstemp(dir=root, prefix=".writing-", suffix=".html")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", errors="backslashreplace") as out:
+            out.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def write_pages(incident_events: Sequence[dict], job_events: Iterable[Mapping], directory: Path,
@@ -504,12 +611,13 @@ def write_pages(incident_events: Sequence[dict], job_events: Iterable[Mapping], 
     """Every incident's page (or ``only`` those ids) and ``index.html`` into ``directory``.
 
     ``job_events``: input events of (at least) the incidents' jobs; others are skipped.
-    Returns the pages written, the index first.
+    Returns the pages written, the index first; every one is inside ``directory``.
     """
     histories = incident_histories(incident_events)
     missing = [i for i in only if i not in histories]
     if missing:
-        raise UnknownIncident(f"no incident {', '.join(missing)} among the {len(histories)} incidents read")
+        raise UnknownIncident(f"no incident {', '.join(printable(i) for i in missing)} among the "
+                              f"{len(histories)} incidents read")
     wanted = {job_key(h[-1]) for h in histories.values()}
     per_job: dict[tuple[str, str], list[Mapping]] = {}
     for event in job_events:
@@ -520,15 +628,13 @@ def write_pages(incident_events: Sequence[dict], job_events: Iterable[Mapping], 
     empty = JobMetrics.from_events([])
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    root = directory.resolve()
     latest_ms = max((e["updated_at"] for e in incident_events), default=0)
-    index = directory / "index.html"
-    index.write_text(render_index(histories, latest_ms))
-    written = [index]
+    written = [_write_inside(root, "index.html", render_index(histories, latest_ms))]
     for incident_id, history in histories.items():
         if only and incident_id not in only:
             continue
         job = metrics.get(job_key(history[-1]), empty)
-        path = directory / page_file(incident_id)
-        path.write_text(render_page(history, job.between(*window_of(history))))
-        written.append(path)
-    return written
+        page = render_page(history, job.between(*window_of(history)))
+        written.append(_write_inside(root, page_file(incident_id), page))
+    return [directory / p.name for p in written]
