@@ -189,6 +189,27 @@ def _plain_text(plot):
     return plain
 
 
+# Flink SQL names a chain of operators after all of them: a name thousands of characters long
+# would shrink a plot to a sliver (a legend entry as wide) and push a page's heading off the screen.
+# Plots and headings cut names to these many characters; the page shows the whole name below.
+PLOT_NAME_CHARS = 60
+HEADING_CHARS = 160
+
+
+def _cut(name, chars: int) -> str:
+    """``name`` printable, its middle cut out for an ellipsis when longer than ``chars`` (the two
+    ends tell operator chains apart: where they start, and the operator they end at)."""
+    text = printable(name)
+    if len(text) <= chars:
+        return text
+    head = (chars - 1) // 2
+    return text[:head] + "…" + text[len(text) - (chars - 1 - head):]
+
+
+def _plot_name(name) -> str:
+    return _cut(name, PLOT_NAME_CHARS)
+
+
 def _svg(fig) -> str:
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", bbox_inches="tight")
@@ -219,7 +240,7 @@ def _marks(ax, history: Sequence[dict], restarts: Sequence[float] = ()) -> None:
     ax.axvline(_time(first["opened_at"]), color="#b00020", linewidth=1.4, label="incident opened")
     for symptom in last.get("symptoms") or []:
         ax.axvline(_time(symptom["first_at"]), color="#6b4f9c", linewidth=1, linestyle="--",
-                   label=f"symptom: {printable(symptom['family']).replace('_', ' ')}")
+                   label=f"symptom: {_plot_name(symptom['family']).replace('_', ' ')}")
     if last.get("resolved_at"):
         ax.axvline(_time(last["resolved_at"]), color="#2e7d32", linewidth=1.2, label="resolved")
     for i, ts in enumerate(restarts):
@@ -245,7 +266,7 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     if incident.get("vertex_id") and not metrics.vertex_state.empty:
         series = metrics.vertex_state[metrics.vertex_state["vertex_id"] == incident["vertex_id"]]
         column = "largest_subtask_bytes" if per_subtask else "state_size_bytes"
-        label = f"{printable(incident.get('vertex_name'))}: " + ("largest subtask's state" if per_subtask else "state")
+        label = f"{_plot_name(incident.get('vertex_name'))}: " + ("largest subtask's state" if per_subtask else "state")
     else:
         series, column = metrics.checkpoints[metrics.checkpoints["status"] == "COMPLETED"], "state_size_bytes"
         label = "job state"
@@ -297,7 +318,7 @@ def backpressure_plot(history: Sequence[dict], metrics: JobMetrics) -> str | Non
     for n, ((vertex_id, name), rows) in enumerate(worst.groupby(["vertex_id", "vertex_name"], sort=False)):
         ours = vertex_id == incident.get("vertex_id")
         style = {"color": colours[n % len(colours)], "linewidth": 2.4 if ours else 1.0,
-                 "label": printable(name) + (" (the bottleneck)" if ours else "")}
+                 "label": _plot_name(name) + (" (the bottleneck)" if ours else "")}
         axes[0].plot(_times(rows["ts"]), rows["busy"], **style)
         axes[1].plot(_times(rows["ts"]), rows["backpressured"], **style)
     for ax, what in zip(axes, ("busy", "backpressured")):
@@ -348,8 +369,9 @@ def skew_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
         ax.set_xticks(sorted({int(i) for _, v in series for i in v.index}))
         ax.set_xlabel("subtask (left: when it opened, right: latest)")
         ax.set_title(label, loc="left")
-    fig.suptitle(f"{printable(last.get('vertex_name'))}: load per subtask" + (f", the hot one #{hot} in red" if hot is not None
-                                                                    else ""), x=0.01, y=1.04, ha="left", fontsize=10)
+    hot_text = f", the hot one #{hot} in red" if hot is not None else ""
+    fig.suptitle(f"{_plot_name(last.get('vertex_name'))}: load per subtask{hot_text}", x=0.01, y=1.04, ha="left",
+                 fontsize=10)
     return _svg(fig)
 
 
@@ -404,6 +426,7 @@ vertical-align:top}th{color:#555;font-weight:600}.num{text-align:right;font-vari
 .plot svg{max-width:100%;height:auto}.summary{font-size:15px;margin:8px 0}code,pre{font-size:12px;
 background:#f5f5f7;border-radius:4px}pre{padding:8px;overflow-x:auto}.muted{color:#777;font-size:12px}
 .forecast{background:#fff4f4;border-left:4px solid #b00020;padding:6px 10px;margin:10px 0}
+.fullname{overflow-wrap:anywhere}
 """
 
 TEMPLATES = {
@@ -415,12 +438,13 @@ TEMPLATES = {
     "page": """\
 {% from "macros" import badge %}<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<title>{{ title }}: {{ where }}</title>
+<title>{{ title }}: {{ heading }}</title>
 <style>{{ style }}</style></head><body>
 <div class="state">checkpoint-sentinel incident <code>{{ incident_id }}</code> · \
 <a href="index.html">all open incidents</a></div>
-<h1>{{ badge(severity) }}{{ title }}: {{ where }}</h1>
-<div class="state">{{ state }} · cluster {{ cluster }} · job id <code>{{ job_id }}</code></div>
+<h1>{{ badge(severity) }}{{ title }}: {{ heading }}</h1>
+{% if heading != where %}<div class="state fullname">in full: <code>{{ where }}</code></div>
+{% endif %}<div class="state">{{ state }} · cluster {{ cluster }} · job id <code>{{ job_id }}</code></div>
 <p class="summary">{{ summary }}</p>
 {% if forecast %}<div class="forecast"><b>Forecast:</b> {{ forecast.metric }} reaches {{ forecast.limit }} in about \
 <b>{{ forecast.eta }}</b> (at {{ forecast.at }}).</div>
@@ -463,8 +487,9 @@ raw values.</p>
 {% macro rows(items, resolved) -%}
 <table><tr><th>severity</th><th>family</th><th>job / vertex</th><th>opened</th><th>{{ 'resolved' if resolved else \
 'last update' }}</th><th>summary</th></tr>
-{% for i in items %}<tr><td>{{ badge(i.severity) }}</td><td>{{ i.family }}</td><td><a href="{{ i.href }}">{{ i.where }}\
-</a></td><td>{{ i.opened }}</td><td>{{ i.until }}</td><td>{{ i.summary }}</td></tr>
+{% for i in items %}<tr><td>{{ badge(i.severity) }}</td><td>{{ i.family }}</td><td><a href="{{ i.href }}"\
+{% if i.heading != i.where %} title="{{ i.where }}"{% endif %}>{{ i.heading }}</a></td><td>{{ i.opened }}</td>\
+<td>{{ i.until }}</td><td>{{ i.summary }}</td></tr>
 {% endfor %}</table>
 {%- endmacro %}
 {% if open %}{{ rows(open, False) }}{% else %}<p class="muted">None.</p>{% endif %}
@@ -534,9 +559,8 @@ def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
     """One incident's page (``history``: its events in order)."""
     last = history[-1]
     latest = last_open_event(history)
-    where = _where(last)
-    if last.get("subtask_index") is not None:
-        where += f" / subtask #{last['subtask_index']}"
+    name = _where(last)
+    subtask = f" / subtask #{last['subtask_index']}" if last.get("subtask_index") is not None else ""
     forecast = latest.get("forecast")
     forecast_box = None
     if forecast and not last.get("resolved_at"):
@@ -556,7 +580,8 @@ def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
     state = (f"resolved {_when(last['resolved_at'])}" if last.get("resolved_at")
              else f"open since {_when(last['opened_at'])}, last update {_when(last['updated_at'])}")
     return TEMPLATE_ENVIRONMENT.get_template("page").render(
-        title=FAMILY_TITLES.get(last["family"], last["family"]), where=where, incident_id=last["incident_id"],
+        title=FAMILY_TITLES.get(last["family"], last["family"]), where=printable(name) + subtask,
+        heading=_cut(name, HEADING_CHARS) + subtask, incident_id=last["incident_id"],
         severity=latest["severity"], state=state, cluster=last["cluster"], job_id=last["job_id"],
         summary=latest["summary"], forecast=forecast_box,
         plots=[Markup(svg) for svg in plots_for(history, metrics)] if not metrics.empty else [],
@@ -579,7 +604,8 @@ def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int) 
 
     def rows(items: list[Sequence[dict]], resolved_: bool) -> list[dict]:
         return [{"severity": last_open_event(h)["severity"], "family": h[-1]["family"],
-                 "href": page_file(h[-1]["incident_id"]), "where": _where(h[-1]), "opened": _when(h[-1]["opened_at"]),
+                 "href": page_file(h[-1]["incident_id"]), "where": printable(_where(h[-1])),
+                 "heading": _cut(_where(h[-1]), HEADING_CHARS), "opened": _when(h[-1]["opened_at"]),
                  "until": _when(h[-1]["resolved_at"] if resolved_ else h[-1]["updated_at"]),
                  "summary": last_open_event(h)["summary"]} for h in items]
 

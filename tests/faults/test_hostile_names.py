@@ -141,6 +141,14 @@ def test_names_that_look_like_math_are_plotted_as_written(lab, tmp_path):
     events, incidents, leak, skew, backpressure = lab
     vertices = {(leak["job_id"], leak["vertex_id"]): MATH, (skew["job_id"], skew["vertex_id"]): MATH_TOO,
                 (backpressure["job_id"], backpressure["vertex_id"]): MATH}
+    # The other vertices of the backpressure job: operator chains as Flink SQL names them, thousands
+    # of characters, told apart only at their ends.
+    others = sorted({e["vertex_id"] for path in events for e in read_jsonl(path)
+                     if e.get("job_id") == backpressure["job_id"] and e.get("kind") == "vertex_metrics"}
+                    - {backpressure["vertex_id"]})
+    assert others
+    chains = {vertex: f"Source: orders -> {SQL} -> " * 60 + f"Sink: out{n}" for n, vertex in enumerate(others)}
+    vertices.update({(backpressure["job_id"], vertex): name for vertex, name in chains.items()})
     jobs = {leak["job_id"]: {"job_name": SQL}, backpressure["job_id"]: {"job_name": MATH_TOO}}
     hostile, job_events = renamed(incidents, events, jobs, vertices)
     for incident in hostile:
@@ -157,6 +165,11 @@ def test_names_that_look_like_math_are_plotted_as_written(lab, tmp_path):
     assert any(f"{MATH}: " in svg for svg in svgs_of(page_text(out, index.links, leak["incident_id"])))
     backpressure_page = page_of(out, index.links, backpressure["incident_id"])
     assert backpressure_page.svgs == 2 and f"{MATH} (the bottleneck)" in backpressure_page.words
+    # A legend entry per vertex, each telling which, and the plots as wide as with short names.
+    backpressure_text = page_text(out, index.links, backpressure["incident_id"])
+    assert all(f"Sink: out{n}" in backpressure_page.words for n in range(len(others)))
+    widths = [float(w) for w in re.findall(r'<svg[^>]*? width="([0-9.]+)pt"', backpressure_text)]
+    assert len(widths) == 2 and max(widths) < 1000, widths
     skew_page = page_of(out, index.links, skew["incident_id"])
     assert skew_page.svgs == 2 and f"{MATH_TOO}: load per subtask" in skew_page.words
 
@@ -196,7 +209,11 @@ def test_markup_in_any_field_is_shown_as_text(lab, tmp_path):
     assert f"{MARKUP} {QUOTES}" in words and f"cluster {QUOTES}" in words  # `<b>bold</b>` as text
     assert f"{MARKUP} reaches its limit ({MARKUP})" in words  # the forecast box
     assert f"{MARKUP} 0.5" in words  # the symptom's evidence
-    assert page.svgs == 2 and f"{MARKUP} {QUOTES}: load per subtask" in words
+    # The plot's title names the vertex (cut in the middle, long as it is), as escaped text.
+    assert page.svgs == 2 and ": load per subtask" in words
+    plot_titles = re.findall(r"<text[^>]*>([^<]*: load per subtask[^<]*)</text>",
+                             page_text(out, index.links, skew["incident_id"]))
+    assert plot_titles and plot_titles[0].startswith("&lt;script&gt;alert(1)&lt;/script&gt; a ")
 
 
 def test_every_page_lands_inside_out_under_its_own_name(lab, tmp_path):
