@@ -598,3 +598,26 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
     if kind != "resolved":
         open_["last_event"] = event
     return event
+
+
+JOB_GONE = "job_gone"
+
+
+def resolve_gone(job: dict, at_ms: int, silent_ms: int) -> list[dict]:
+    """Resolve every incident still open on a job silent for ``silent_ms`` (the idle timeout), at
+    ``at_ms``: a job cancelled without a last status, or whose cluster went away, must not keep its
+    alert firing forever. Each event repeats the incident's last one, marked ``resolution: job_gone``."""
+    events = []
+    for family, _, entity in _entities(job):
+        open_ = entity["open"]
+        if not open_:
+            continue
+        last = open_["last_event"]
+        ts = max(at_ms, last["updated_at"])
+        where = f" / {last['vertex_name']}" if last.get("vertex_name") else ""
+        events.append({**last, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None,
+                       "summary": f"[resolved] {family.replace('_', ' ')} in {last['job_name']}{where}: the job is "
+                                  f"gone (nothing heard of it for {silent_ms // 60_000} min)",
+                       "labels": {**last["labels"], "event": "resolved"}, "resolution": JOB_GONE})
+        entity["open"] = None
+    return events

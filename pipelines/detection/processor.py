@@ -58,7 +58,7 @@ from pipelines.detection.flink_job import (FlinkJobState, ReadRules, Reading, Re
 from pipelines.detection.outputs import (DEAD_LETTER, FEATURE_ROWS_PER_PAYLOAD, FEATURES, INCIDENT, LATE, MODELS,
                                          OUTPUT_SCHEMA, SAMPLE, WORKER_SCHEMA, feature_log_writer_ready,
                                          feature_rows_payload)
-from pipelines.detection.policy import PolicySettings
+from pipelines.detection.policy import PolicySettings, resolve_gone
 from pipelines.detection.scoring import worker_champions
 from pipelines.detection.validation import EARLIEST_TS
 from pipelines.detection.worker_gc import COLLECTOR, CollectorBetweenTasks
@@ -323,7 +323,8 @@ class DetectionProcessor(StatefulProcessor):
             if dues["timer"] != expiredTimerInfo.getExpiryTimeInMs():
                 return  # a decision's timer, already served
             dues["timer"] = None  # the eviction timer, firing now
-        self._sweep(dues, watermark)
+        for incident in self._sweep(dues, watermark):
+            yield Row(kind=INCIDENT, key=incident["incident_id"], payload=orjson.dumps(incident), count=1)
 
     def _decide(self) -> Iterator[Row]:
         jobs = {name: job for bucket_jobs in self.pending.values() for name, job in bucket_jobs.items()}
@@ -340,21 +341,24 @@ class DetectionProcessor(StatefulProcessor):
         yield Row(kind=MODELS, key=cache.registry_error,
                   payload=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), count=len(rows))
 
-    def _sweep(self, dues: dict, watermark: int) -> None:
-        """Forget the bucket's jobs silent for the idle timeout as far as the watermark knows
-        (keeping only an incident still open), and keep one timer at the next job due."""
-        writes: list[tuple[tuple, tuple]] = []
+    def _sweep(self, dues: dict, watermark: int) -> list[dict]:
+        """Forget the bucket's jobs silent for the idle timeout as far as the watermark knows,
+        resolving their open incidents (returned), and keep one timer at the next job due."""
+        gone: list[dict] = []
         due_now = [name for name, due in dues["due"].items() if due is not None and watermark >= due]
         for name, job in self._jobs(due_now, dues).items():
-            kept = job.forgotten()
-            if kept is None:
+            gone.extend(job.gone(self.rules))
+            self.jobs.removeKey((name,))
+            del dues["due"][name]
+            dues["version"].pop(name, None)
+        # A job kept for its open incident by an earlier version (due None) is never swept again.
+        for name in [name for name, due in dues["due"].items() if due is None]:
+            job = self._jobs([name], dues)[name]
+            if job.machine.latest_ts is None:
+                gone.extend(resolve_gone(job.policy, watermark, self.rules.idle_timeout_ms))
                 self.jobs.removeKey((name,))
                 del dues["due"][name]
                 dues["version"].pop(name, None)
-            else:
-                self._write(name, kept, dues, writes)
-                dues["due"][name] = None  # kept for its open incident, until the job reports again
-        update_map_values(self.jobs, writes)
         if dues["timer"] is not None and dues["timer"] <= watermark:
             dues["timer"] = None  # expires in this batch: counted as fired
         upcoming = [due for due in dues["due"].values() if due is not None]
@@ -365,6 +369,7 @@ class DetectionProcessor(StatefulProcessor):
             self.dues.update((orjson.dumps(dues),))
         else:
             self.dues.clear()
+        return gone
 
     def _dues(self) -> dict:
         stored = self.dues.get()  # None when the bucket has none (one round trip, not two)
