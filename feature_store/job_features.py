@@ -66,6 +66,12 @@ def time_order(event: dict) -> tuple[int, int]:
     return int(event["ts"]), KIND_RANK.get(event["kind"], 3)
 
 
+# Whose clock stamps an event: a checkpoint's times are the JobManager's, a sample's the collector's.
+# Lateness is judged against the latest event of the same clock, so that skew between the two
+# clocks (up to features.max_source_delay_s, the watermark's delay) drops nothing.
+CLOCK_OF_KIND = {"checkpoint": "jobmanager", "vertex_metrics": "collector", "job_status": "collector"}
+
+
 def stream_position(event: dict) -> tuple[str, int]:
     """The stream an event belongs to, and its place in it: event time, or for a checkpoint its
     id (concurrent checkpoints may finish out of id order, and several at the same millisecond)."""
@@ -275,6 +281,7 @@ class JobFeatureState:
     job_name: str = ""
     last_seen_ts: int | None = None  # of the event consumed last
     latest_ts: int | None = None  # the latest event time consumed
+    clock_latest: dict = field(default_factory=dict)  # clock (CLOCK_OF_KIND): the latest event time it stamped
     streams: dict = field(default_factory=dict)  # stream: time of its last consumed event (checkpoints: recent ids)
     age_checkpoints: int = 0
     checkpoints: list = field(default_factory=list)  # [ts, failed, e2e_ms, persisted_inflight]
@@ -376,9 +383,16 @@ class JobFeatureState:
     def is_idle_at(self, ts: int, idle_timeout_ms: int) -> bool:
         return self.latest_ts is not None and ts - self.latest_ts > idle_timeout_ms
 
-    def _starts_afresh(self, ts: int, idle_timeout_ms: int) -> bool:
-        """The job went away and came back (silent for the idle timeout, or a new run after it ended)."""
-        return self.is_idle_at(ts, idle_timeout_ms) or (self.terminated and ts > self.latest_ts)
+    def _starts_afresh(self, event: dict, idle_timeout_ms: int) -> bool:
+        """The job went away and came back (silent for the idle timeout, or a new run after it ended).
+        A new run shows first in a status that is not terminal, which the collector publishes before
+        that poll's checkpoints; a checkpoint seen after the end belongs to the run that ended, even
+        when the JobManager's clock, ahead of the collector's, stamps it after the end."""
+        ts = int(event["ts"])
+        if self.is_idle_at(ts, idle_timeout_ms):
+            return True
+        return self.terminated and event["kind"] == "job_status" and event["state"] not in TERMINAL_STATES and \
+            ts > self.clock_latest.get(CLOCK_OF_KIND["job_status"], self.latest_ts)
 
     def refusal(self, event: dict, idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
                 lateness_ms: int = DEFAULT_LATENESS_MS) -> str | None:
@@ -386,9 +400,10 @@ class JobFeatureState:
         if self.latest_ts is None:
             return None
         ts = int(event["ts"])
-        if self._starts_afresh(ts, idle_timeout_ms):
+        if self._starts_afresh(event, idle_timeout_ms):
             return None
-        if self.terminated or ts < self.latest_ts - lateness_ms:
+        own = self.clock_latest.get(CLOCK_OF_KIND[event["kind"]])
+        if self.terminated or (own is not None and ts < own - lateness_ms):
             return LATE
         stream, position = stream_position(event)
         last = self.streams.get(stream)
@@ -403,7 +418,7 @@ class JobFeatureState:
         if self.refusal(event, idle_timeout_ms, lateness_ms) is not None:
             return None
         ts = int(event["ts"])
-        if self.latest_ts is not None and self._starts_afresh(ts, idle_timeout_ms):
+        if self.latest_ts is not None and self._starts_afresh(event, idle_timeout_ms):
             self.__init__()  # type: ignore[misc]
         self.cluster, self.job_id, self.job_name = event["cluster"], event["job_id"], event.get("job_name", "")
         stream, position = stream_position(event)
@@ -413,6 +428,8 @@ class JobFeatureState:
             self.streams[stream] = position
         self.last_seen_ts = ts
         self.latest_ts = ts if self.latest_ts is None else max(self.latest_ts, ts)
+        clock = CLOCK_OF_KIND[event["kind"]]
+        self.clock_latest[clock] = max(self.clock_latest.get(clock, ts), ts)
         if self.first_seen_ts is None:
             self.first_seen_ts = ts
         kind = event["kind"]

@@ -27,7 +27,7 @@ import orjson
 import pandas as pd
 
 from feature_store.compute import OUTPUT_COLUMNS
-from feature_store.job_features import JobFeatureState
+from feature_store.job_features import TERMINAL_STATES, JobFeatureState
 from models.registry import LoadedDetector
 from pipelines.detection import policy
 from pipelines.detection.scoring import score_rows
@@ -151,12 +151,13 @@ class FlinkJobState:
         latest = self.machine.latest_ts
         return None if latest is None else latest + rules.idle_timeout_ms
 
-    def forgotten(self) -> "FlinkJobState | None":
-        """What is kept of a job silent for the idle timeout: only an open incident (which the
-        job's next events may resolve); None when there is nothing to keep."""
-        if policy.any_open(self.policy):
-            return FlinkJobState(JobFeatureState(), self.policy)
-        return None
+    def gone(self, rules: ReadRules) -> list[dict]:
+        """The job has been silent for the idle timeout: the resolved events of its incidents still
+        open (:func:`~pipelines.detection.policy.resolve_gone`); then it is forgotten."""
+        due = self.due(rules)
+        if due is None or not policy.any_open(self.policy):
+            return []
+        return policy.resolve_gone(self.policy, due, rules.idle_timeout_ms)
 
     def compact(self) -> None:
         """A finished job keeps only what tells its next events apart: what it reports about its
@@ -188,6 +189,7 @@ def decide(jobs: Mapping[str, FlinkJobState], rows: pd.DataFrame, models: Mappin
            settings: policy.PolicySettings) -> dict[str, list[dict]]:
     """Score ``rows`` (of the jobs in ``jobs``, keyed by :func:`job_key`) with ``models``, step
     those jobs' policy, and return each job's incident events (each job's policy entry moves on)."""
+    rows = _before_the_end(rows)
     if rows.empty:
         return {}
     scores = score_rows(rows, models)
@@ -199,6 +201,18 @@ def decide(jobs: Mapping[str, FlinkJobState], rows: pd.DataFrame, models: Mappin
     for event in events:
         by_job.setdefault(job_key(event["cluster"], event["job_id"]), []).append(event)
     return by_job
+
+
+def _before_the_end(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` less those of checkpoints stamped after their job's end: the collector publishes a
+    poll's status before its checkpoints, so where the JobManager's clock runs ahead of the
+    collector's, the ended run's last checkpoints read as if they came after its end."""
+    ended = rows["job_state"].isin(TERMINAL_STATES)
+    if not ended.any():
+        return rows
+    end = rows[ended].groupby(["cluster", "job_id"])["ts"].min().rename("_end")
+    joined = rows.join(end, on=["cluster", "job_id"])
+    return rows[~((joined["trigger_kind"] == "checkpoint") & (joined["ts"] > joined["_end"])).to_numpy()]
 
 
 # --- replay ---------------------------------------------------------------------------------------
@@ -246,6 +260,13 @@ def replay(config, paths: Iterable[str | Path], models: Mapping[str, LoadedDetec
                 used += 1
     rows = feature_frame([row for key in sorted(readings) for row in readings[key].rows])
     by_job = decide(jobs, rows, models, policy.PolicySettings.from_config(config))
+    # As the live job: a job silent for the idle timeout, as far as the watermark came, is gone.
+    latest = [job.machine.latest_ts for job in jobs.values() if job.machine.latest_ts is not None]
+    watermark = max(latest) - int(config.features.max_source_delay_s * 1000) if latest else None
+    for key in sorted(jobs):
+        due = jobs[key].due(rules)
+        if watermark is not None and due is not None and watermark >= due:
+            by_job.setdefault(key, []).extend(jobs[key].gone(rules))
     late: dict[str, int] = {}
     for reading in readings.values():
         for reason, count in reading.late.items():

@@ -10,7 +10,7 @@ import pytest
 
 from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.definitions import FEATURE_NAMES, FEATURES, JOB_FEATURES, VERTEX_FEATURES, markdown_table
-from feature_store.job_features import JobFeatureState, features_for_events, linear_fit, long_trends, relative_trend
+from feature_store.job_features import LATE, JobFeatureState, features_for_events, linear_fit, long_trends, relative_trend
 
 JOB = "0123456789abcdef0123456789abcdef"
 T0 = 1_700_000_000_000
@@ -197,7 +197,7 @@ def test_duplicates_and_out_of_order_events_are_not_consumed_twice():
 def test_events_are_used_as_they_arrive_unless_late_for_their_stream_or_their_job():
     """A collector reports a checkpoint at its next poll, after vertex samples taken later: it is
     used all the same, within the allowed lateness of the job's latest event."""
-    from feature_store.job_features import LATE, OUT_OF_ORDER
+    from feature_store.job_features import OUT_OF_ORDER
 
     state = JobFeatureState()
     state.consume(status(T0))
@@ -231,7 +231,12 @@ def test_an_idle_or_finished_job_starts_afresh():
     assert state.consume(checkpoint(T0 + 10_000 + 31 * 60_000, 300), idle_timeout_ms=30 * 60_000)[0]["job_age_checkpoints"] == 1
     state.consume(status(T0 + 40 * 60_000, state="FINISHED"))
     assert state.terminated
-    assert state.consume(checkpoint(T0 + 41 * 60_000, 50))[0]["job_age_checkpoints"] == 1
+    # The next run shows in its status first (the collector publishes a poll's status before its
+    # checkpoints); a checkpoint stamped after the end without one is the ended run's (a JobManager
+    # clock ahead of the collector's), and late.
+    assert state.refusal(checkpoint(T0 + 40 * 60_000 + 15_000, 40)) == LATE
+    assert state.consume(status(T0 + 41 * 60_000))[0]["job_age_checkpoints"] == 0
+    assert state.consume(checkpoint(T0 + 41 * 60_000 + 3_000, 50))[0]["job_age_checkpoints"] == 1
 
 
 def test_state_round_trips_through_json_exactly():
