@@ -20,6 +20,7 @@ TEST_BINARIES = {
     "stunnel4": "stunnel4",
     "promtool": "prometheus",
     "prometheus-alertmanager": "prometheus-alertmanager",
+    "amtool": "prometheus-alertmanager",
     "chromium": "chromium",
     "pg_ctlcluster": "postgresql",
 }
