@@ -61,7 +61,8 @@ def config_for(state_dir: Path, **env: str) -> SentinelConfig:
     """A config with only the given overrides (the developer's own environment is ignored)."""
     # Metrics endpoints on any free port: tests run side by side with a developer's own sentinel.
     environ = {"SENTINEL_STATE_DIR": str(state_dir), "SENTINEL_DETECTION__METRICS_PORT": "0",
-               "SENTINEL_COLLECTOR__METRICS_PORT": "0", **{f"SENTINEL_{k.upper()}": v for k, v in env.items()}}
+               "SENTINEL_COLLECTOR__METRICS_PORT": "0",
+               "SENTINEL_ALERT__METRICS_PORT": "0", **{f"SENTINEL_{k.upper()}": v for k, v in env.items()}}
     return load_config(environ=environ, base_dir=state_dir)
 
 
