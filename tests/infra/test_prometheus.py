@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import yaml
 
+from pipelines.alerting import RelayMetrics
 from pipelines.telemetry import CollectorMetrics, DetectionMetrics
 from tests.conftest import PROJECT_ROOT, debian_binary
 
@@ -44,12 +45,11 @@ def test_the_alerting_rules_fire_on_faults_and_stay_quiet_on_healthy_runs(promto
     assert all(rule["annotations"]["summary"] and rule["annotations"]["runbook"] for rule in rules())
 
 
-def test_the_rules_read_metrics_the_detection_job_and_collector_export():
-    exported = {sample_name for metrics in (DetectionMetrics(), CollectorMetrics())
+def test_the_rules_read_metrics_the_sentinel_s_processes_export():
+    exported = {sample_name for metrics in (DetectionMetrics(), CollectorMetrics(), RelayMetrics())
                 for family in metrics.registry.collect() for sample_name in _sample_names(family)}
     named = {name for rule in rules() for name in re.findall(r"checkpoint_sentinel_\w+", rule["expr"])}
-    # The alert relay's metrics are its own process's (pipelines/alerting.py).
-    assert {n for n in named if not n.startswith("checkpoint_sentinel_alert_relay_")} <= exported
+    assert named <= exported
 
 
 def _sample_names(family) -> set[str]:
