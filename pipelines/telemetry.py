@@ -126,6 +126,7 @@ class DetectionMetrics:
                                    "10 s while the input is quiet)", ["query"], registry=r)
         self.model_version = Gauge(f"{PREFIX}_model_version_info", "The model version each family scores with (1)",
                                    ["family", "name", "version"], registry=r)
+        self._model_versions: set[tuple[str, str, str]] = set()
         self.registry_reachable = Gauge(f"{PREFIX}_model_registry_reachable",
                                         "1 while the model registry answers, 0 while it does not", registry=r)
         # Degraded dependencies: each names what is wrong, so a rule can say what to fix.
@@ -153,9 +154,13 @@ class DetectionMetrics:
 
     def models(self, versions: dict[str, tuple[str, str]], reachable: bool) -> None:
         """``versions``: family -> (registered name, version)."""
-        self.model_version.clear()
-        for family, (name, version) in versions.items():
-            self.model_version.labels(family, name, str(version)).set(1)
+        current = {(family, name, str(version)) for family, (name, version) in versions.items()}
+        for labels in current:
+            self.model_version.labels(*labels).set(1)
+        # Only the versions no longer used go: a scrape meanwhile never sees a family without one.
+        for labels in self._model_versions - current:
+            self.model_version.remove(*labels)
+        self._model_versions = current
         self.registry_reachable.set(1 if reachable else 0)
 
     def progress(self, query: str, batch: BatchProgress) -> None:

@@ -166,8 +166,7 @@ def test_a_healthy_job_keeps_its_event_lag_under_the_falling_behind_rule(watched
     stalled_metric, stalled_after = staleness_rule("SentinelDetectionStalled")
     for at, scraped in watched["healthy"]:
         lag = value(scraped, "checkpoint_sentinel_event_lag_seconds")
-        # The simulated collector polls every 15 s: the newest event is that old at most, plus a batch.
-        assert 0 <= lag < 60 < threshold
+        assert 0 <= lag < threshold
         assert at - value(scraped, metric) < threshold
         assert at - value(scraped, stalled_metric) < stalled_after
     # Spark's watermark trails the newest event by the delay the sources may have: by design,

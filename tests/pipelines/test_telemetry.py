@@ -45,6 +45,23 @@ def test_the_detection_job_s_metrics_are_served_and_count_what_happened():
     assert seen[("checkpoint_sentinel_model_registry_reachable", ())] == 0
 
 
+def test_a_new_model_version_replaces_the_old_one_and_no_family_is_ever_without_one():
+    metrics = DetectionMetrics()
+    metrics.models({"skew": ("sentinel-skew", "1"), "state_leak": ("sentinel-state-leak", "3")}, reachable=True)
+    seen_during = []
+    real_remove = metrics.model_version.remove
+
+    def remove(*labels):  # what a scrape at that moment reads
+        seen_during.append({dict(s.labels)["family"] for s in list(metrics.model_version.collect())[0].samples})
+        real_remove(*labels)
+
+    metrics.model_version.remove = remove
+    metrics.models({"skew": ("sentinel-skew", "2"), "state_leak": ("sentinel-state-leak", "3")}, reachable=True)
+    samples = list(metrics.model_version.collect())[0].samples
+    assert {(s.labels["family"], s.labels["version"]) for s in samples} == {("skew", "2"), ("state_leak", "3")}
+    assert seen_during == [{"skew", "state_leak"}]
+
+
 def test_the_collector_s_metrics_account_for_every_poll():
     metrics = CollectorMetrics()
     events = [{"kind": "checkpoint"}, {"kind": "vertex_metrics"}, {"kind": "vertex_metrics"}]
