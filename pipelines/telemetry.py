@@ -206,6 +206,11 @@ class CollectorMetrics:
         self.jobs = Gauge(f"{PREFIX}_collector_jobs", "Jobs the latest poll saw", ["cluster"], registry=r)
         self.last_poll = Gauge(f"{PREFIX}_collector_last_poll_timestamp_seconds", "When the cluster was last polled",
                                ["cluster"], registry=r)
+        self.requests = Counter(f"{PREFIX}_collector_requests", "REST requests to the JobManager", ["cluster"],
+                                registry=r)
+        self.job_published = Histogram(f"{PREFIX}_collector_job_published_seconds", "From a poll's start to one "
+                                       "job's events acknowledged by Kafka", ["cluster"],
+                                       buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
 
     def record(self, result) -> None:
         """Account for one :class:`~pipelines.collector.PollResult`."""
@@ -220,3 +225,7 @@ class CollectorMetrics:
         self.reachable.labels(cluster).set(1 if result.reachable else 0)
         self.jobs.labels(cluster).set(result.jobs)
         self.last_poll.labels(cluster).set(time.time())
+        self.requests.labels(cluster).inc(result.requests)
+        published = self.job_published.labels(cluster)
+        for seconds in result.job_seconds:
+            published.observe(seconds)
