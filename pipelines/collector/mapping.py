@@ -161,11 +161,17 @@ def vertex_metrics_event(cluster: str, job: Mapping[str, Any], vertex: Mapping[s
     """One ``vertex_metrics`` event from the ``<index>.<metric>`` values of one vertex."""
     parallelism = int(vertex.get("parallelism") or 1)
     subtasks = []
+    fields = SUBTASK_METRICS.items()
     for index in range(parallelism):
+        prefix = f"{index}."
         sample: dict[str, Any] = {"index": index}
-        for field, (candidates, scale) in SUBTASK_METRICS.items():
-            number = next((metric_number(values.get(f"{index}.{name}")) for name in candidates
-                           if f"{index}.{name}" in values), None)
+        for field, (candidates, scale) in fields:
+            number = None
+            for name in candidates:  # the first name the answer has, even when its value is unknown
+                key = prefix + name
+                if key in values:
+                    number = metric_number(values[key])
+                    break
             sample[field] = None if number is None else number * scale
         subtasks.append(sample)
     return {**_event("vertex_metrics", cluster, job, ts, source), "vertex_id": vertex["id"],

@@ -124,7 +124,10 @@ class FlinkRestClient:
     async def metrics(self, path: str, names: Iterable[str]) -> dict[str, str]:
         """``{metric id: value}`` for the requested ids Flink knows; unknown ids are simply absent."""
         chunks = list(_chunks(list(names), MAX_QUERY_CHARS))
-        answers = await asyncio.gather(*(self.get(path, {"get": ",".join(chunk)}) for chunk in chunks))
+        if len(chunks) == 1:
+            answers = [await self.get(path, {"get": ",".join(chunks[0])})]
+        else:
+            answers = await asyncio.gather(*(self.get(path, {"get": ",".join(chunk)}) for chunk in chunks))
         values: dict[str, str] = {}
         for answer in answers:
             for item in answer or []:

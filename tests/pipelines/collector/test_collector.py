@@ -312,3 +312,18 @@ def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_stor
         collector.poll()
     assert flink.requests.count(config_path) == 1  # a settled job's answer is kept, storage or not
     assert [e["max_state_size_bytes"] for e in published if e["kind"] == "job_status"] == [None, None]
+
+
+def test_the_collectors_metrics_count_requests_and_each_jobs_time_to_published(tmp_path):
+    from pipelines.telemetry import CollectorMetrics
+
+    metrics = CollectorMetrics()
+    with RecordedFlink(recorded_polls("skew")) as flink:
+        result = collector_for(flink, tmp_path, []).poll()
+        metrics.record(result)
+        asked = len(flink.requests)
+    seen = {(s.name, tuple(sorted(s.labels.items()))): s.value for m in metrics.registry.collect() for s in m.samples}
+    lab = (("cluster", "lab"),)
+    assert seen[("checkpoint_sentinel_collector_requests_total", lab)] == result.requests == asked
+    assert seen[("checkpoint_sentinel_collector_job_published_seconds_count", lab)] == 1  # one job, published once
+    assert 0 < seen[("checkpoint_sentinel_collector_job_published_seconds_sum", lab)] <= result.duration_s
