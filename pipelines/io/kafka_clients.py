@@ -345,9 +345,10 @@ class BrokerProbe:
                 # bootstrap server takes a connection (it then reconnects by itself).
                 check_reachable(self.bootstrap_servers, self.timeout_s)
                 timeout_ms = int(self.timeout_s * 1000)
-                self._admin = _bootstrapped(self.bootstrap_servers, lambda: KafkaAdminClient(
-                    **_common(self.bootstrap_servers, self.client_options), request_timeout_ms=timeout_ms,
-                    bootstrap_timeout_ms=timeout_ms, reconnect_backoff_max_ms=1000))
+                # The probe's own timeouts over the configured clients' (a probe must not wait them out).
+                kwargs = {**_common(self.bootstrap_servers, self.client_options), "request_timeout_ms": timeout_ms,
+                          "bootstrap_timeout_ms": timeout_ms, "reconnect_backoff_max_ms": 1000}
+                self._admin = _bootstrapped(self.bootstrap_servers, lambda: KafkaAdminClient(**kwargs))
             self._admin.describe_cluster()
         except Exception as exc:  # whatever the client raises, the answer is "no answer"
             self._record(False, exc)

@@ -291,3 +291,27 @@ def test_missing_topic_fails_with_its_name(spark, config, tmp_path):
     with pytest.raises(StreamingQueryException, match="no-such-topic-here"):
         query.awaitTermination(120)
     query.stop()
+
+
+def test_the_broker_probe_tells_a_broker_that_answers_from_one_that_does_not(config):
+    class Gauge:
+        def __init__(self):
+            self.values = []
+
+        def set(self, value):
+            self.values.append(value)
+
+    from infra.embedded_stack import free_port
+
+    reachable, contact = Gauge(), Gauge()
+    # The configured clients' options as the job passes them (a bootstrap timeout among them).
+    probe = kafka_clients.BrokerProbe(config.kafka.bootstrap_servers, config.kafka.client_kwargs(), reachable,
+                                      contact, timeout_s=2.0)
+    assert probe.probe() and reachable.values == [1] and time.time() - contact.values[-1] < 5
+    nobody = kafka_clients.BrokerProbe(f"127.0.0.1:{free_port()}", config.kafka.client_kwargs(), Gauge(), timeout_s=1.0)
+    started = time.monotonic()
+    assert not nobody.probe() and nobody.reachable_gauge.values == [0] and nobody.last_contact is None
+    assert time.monotonic() - started < 10
+    probe.start()
+    probe.stop()
+    assert not probe._thread.is_alive()
