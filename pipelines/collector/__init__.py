@@ -163,7 +163,7 @@ class ClusterCollector:
                                     settings.max_concurrent_requests)
         folder = Location.of(settings.state_dir, storage) if settings.state_dir else None
         self.ledger = CheckpointLedger(folder / self.shard.ledger_name(endpoint.name) if folder else None)
-        if folder is not None and not self.ledger.jobs:
+        if folder is not None:
             self._adopt_other_ledgers(folder)
         self._checkpoint_config: dict[str, dict] = {}
         self._jobs: dict[str, _JobCache] = {}
@@ -176,9 +176,10 @@ class ClusterCollector:
         self._metrics_asked_ms: dict[str, int] = {}
 
     def _adopt_other_ledgers(self, folder: Location) -> None:
-        """A shard starting without a ledger of its own (the first run with this shard count) takes
-        its jobs' entries from the ledgers the cluster's collectors wrote before (one process, or
-        another shard count), so a job moved between shards is not published again from its start."""
+        """Merge into this shard's ledger its jobs' entries from the other ledgers of the cluster
+        (one process, or another shard count, before a change of N): a job moved between shards
+        is not published again from its start, and an older layout's file left behind only ever
+        adds what was published."""
         base = _file_name(self.endpoint.name)
         others = [name for name in folder.names() if name == f"{base}.json"
                   or (name.startswith(f"{base}.shard-") and name.endswith(".json"))]

@@ -2,7 +2,7 @@
 jobs served from real Flink answers (``benchmarks/flink_fleet_replay.py``) whose checkpoints
 advance with the clock: every checkpoint published once across the shards, a shard that stops and
 comes back publishes what finished meanwhile and nothing twice, and so does a change of the
-number of shards."""
+number of shards, back and forth (an older layout's ledger files left behind)."""
 
 import subprocess
 import sys
@@ -89,6 +89,11 @@ def test_shards_split_the_jobs_survive_a_restart_and_a_new_shard_count_without_p
     whole = shard_collector(fleet, state, None, published)
     assert set(whole.ledger.jobs) == first_jobs | second_jobs
     whole.poll()
+
+    # And back to two shards, whose ledger files are now older than the whole fleet's.
+    time.sleep(CHECKPOINT_EVERY_S)
+    for i in range(2):
+        shard_collector(fleet, state, f"{i}/2", published).poll()
 
     ids = checkpoints(published)
     assert len(ids) == len(set(ids)), "a checkpoint published twice"
