@@ -39,7 +39,9 @@ def main() -> None:
         print(result.line())
         polls.append(collector.rest.recording)
     if args.cancel:
-        for job in collector.rest.get("/jobs/overview")["jobs"]:
+        with urllib.request.urlopen(f"{endpoint.rest_url}/jobs/overview", timeout=10) as answer:
+            overview = json.load(answer)
+        for job in overview["jobs"]:
             if job["state"] == "RUNNING":
                 urllib.request.urlopen(urllib.request.Request(f"{endpoint.rest_url}/jobs/{job['jid']}?mode=cancel",
                                                               method="PATCH"))
