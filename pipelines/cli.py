@@ -278,14 +278,19 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
 
     from pipelines.detection.incident_view import HEADER, follow, format_incident
 
-    # The consumer is closed on any way out, a failed print too, not whenever the generator is collected.
-    with closing(follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout,
-                        max_events=args.max)) as incidents:
-        if args.output == "table":
-            print(HEADER, flush=True)
-        for incident in incidents:
-            print(json.dumps(incident, separators=(",", ":")) if args.output == "json" else format_incident(incident),
-                  flush=True)
+    # The consumer is closed on any way out, a failed print too: left open, it kept the process alive.
+    try:
+        with closing(follow(config, from_beginning=args.from_beginning, timeout_s=args.timeout,
+                            max_events=args.max)) as incidents:
+            if args.output == "table":
+                print(HEADER, flush=True)
+            for incident in incidents:
+                print(json.dumps(incident, separators=(",", ":")) if args.output == "json"
+                      else format_incident(incident), flush=True)
+    except BrokenPipeError:
+        # The reader went away (`| head -1`): stop as a pipeline expects, without a traceback
+        # (stdout now points at /dev/null for Python's flush at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

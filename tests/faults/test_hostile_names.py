@@ -293,6 +293,42 @@ def test_the_incident_table_keeps_one_line_per_incident(config, tmp_path):
     assert any(EMOJI in line for line in lines) and any(TERMINAL_SHOWN[:40] in line for line in lines)
 
 
+def test_the_table_stops_when_its_reader_goes_away(config, tmp_path):
+    """`sentinel incidents | head -1`: the reader closes the pipe after the header; the command
+    stops at once and quietly (it hung with its consumer open: a failed print left it alive)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.test_cli import PROJECT_ROOT
+
+    rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family="skew", hot_subtask=1.0, records_in_max_over_mean=3.0)
+    (incident,) = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+           "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+           "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents}
+    process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "incidents", "--from-beginning", "--timeout",
+                                "20"], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert process.stdout.readline().startswith(b"event time (UTC)")  # it reads the topic
+        process.stdout.close()
+        # An incident after the reader has gone: its line is the write that fails.
+        producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
+        producer.send(config.topics.incidents, key=incident["incident_id"].encode(), value=json.dumps(incident).encode())
+        producer.flush()
+        producer.close()
+        closed = time.monotonic()
+        returncode = process.wait(timeout=60)
+        stopped_after = time.monotonic() - closed
+    finally:
+        process.kill()
+        process.wait()
+    stderr = process.stderr.read().decode()
+    assert returncode == 0 and "Traceback" not in stderr, stderr[-2000:]
+    assert stopped_after < 15  # not the 20 s of silence it waits for when nobody stops it
+
+
 def test_the_summary_lines_of_replay_and_evaluate_keep_one_line_per_run():
     """`sentinel replay --truth` and `sentinel evaluate` print a line per fault and per run, with
     the run's name and the incident's vertex and summary in it."""
