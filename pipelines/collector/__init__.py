@@ -46,6 +46,7 @@ import inspect
 import logging
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Iterable
 
@@ -319,9 +320,15 @@ class ClusterCollector:
         """Whether this poll asks the job's vertex metrics: unless the JobManager has not refreshed
         them since they were last asked (polled every 5 s, a cluster refreshing every 10 s would
         answer every other poll with the values of the one before, stamped with a later time)."""
-        last = self._metrics_asked_ms.get(job_id)
         interval_ms = self.settings.interval_s * 1000
-        if last is not None and sampled_at - last < self._metrics_refresh_ms - interval_ms / 2:
+        last = self._metrics_asked_ms.get(job_id)
+        if last is None:
+            # As if last asked a job-dependent share of a refresh ago: the fleet's jobs are asked
+            # in different polls, each poll the same load, instead of all of them every other poll.
+            share = zlib.crc32(job_id.encode()) % 1000 / 1000
+            last = sampled_at - int(share * self._metrics_refresh_ms)
+        if sampled_at - last < self._metrics_refresh_ms - interval_ms / 2:
+            self._metrics_asked_ms[job_id] = last
             return False
         self._metrics_asked_ms[job_id] = sampled_at
         return True
