@@ -313,7 +313,8 @@ def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.datasets import read_jsonl
-    from pipelines.detection.incident_page import write_pages
+    from pipelines.detection.incident_page import usable_incidents, write_pages
+    from pipelines.detection.incident_view import printable
     from pipelines.io import kafka_clients
 
     for path in [*(args.incidents or []), *(args.events or [])]:
@@ -328,15 +329,19 @@ def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
                                               keep)
 
     started = time.monotonic()
-    incidents = ([i for path in args.incidents for i in read_jsonl(Path(path))] if args.incidents
-                 else from_topic(config.topics.incidents))
+    incidents, refused = usable_incidents([i for path in args.incidents for i in read_jsonl(Path(path))]
+                                          if args.incidents else from_topic(config.topics.incidents))
+    if refused:
+        print(f"sentinel report: skipped {len(refused)} record(s) that are not incident events; the first: "
+              f"{printable(refused[0])[:300]}", file=sys.stderr)
     if not incidents:
         print("no incidents to report" + ("" if args.incidents else f" on {config.topics.incidents}"))
         return 0
     if args.events:
         events = (e for path in args.events for e in read_jsonl(Path(path)))
     else:
-        keys = {f"{i['cluster']}/{i['job_id']}".encode() for i in incidents}
+        # As the collector keys them; a name no UTF-8 key can hold (a lone surrogate) matches none.
+        keys = {f"{i['cluster']}/{i['job_id']}".encode("utf-8", "surrogatepass") for i in incidents}
         events = from_topic(config.topics.input, keep=lambda r: r.key in keys)
     out = Path(args.out) if args.out else Path(config.state_dir) / "incidents"
     pages = write_pages(incidents, events, out, only=args.incident or ())

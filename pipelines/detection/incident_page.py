@@ -63,6 +63,20 @@ class UnknownIncident(LookupError):
 # Inputs: the incident's events and the job's metrics
 # ---------------------------------------------------------------------------------------------
 
+def usable_incidents(records: Iterable) -> tuple[list[dict], list[str]]:
+    """The records that are incident events (they keep the incident contract), and for each
+    other one why not: a record anyone wrote to the topic must not stop the pages of the rest."""
+    from pipelines.contracts import INCIDENT
+
+    usable, refused = [], []
+    for record in records:
+        if INCIDENT.accepts(record):
+            usable.append(record)
+        else:
+            refused.append("; ".join(INCIDENT.errors(record)[:3]))
+    return usable, refused
+
+
 def incident_histories(events: Iterable[dict]) -> dict[str, list[dict]]:
     """Incident id -> its events in the order they were published (the last is its state)."""
     histories: dict[str, list[dict]] = {}

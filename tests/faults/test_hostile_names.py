@@ -259,6 +259,40 @@ def test_every_page_lands_inside_out_under_its_own_name(lab, tmp_path):
     assert unknown.stderr.count("\n") == 1 and "\x1b" not in unknown.stderr
 
 
+def test_from_the_topics_records_that_are_not_incidents_are_skipped_and_told(lab, broker_config, new_topic, tmp_path):
+    """The incident topic is anyone's to write to: a record that is not an incident event (fields
+    missing, not an object, not JSON) is skipped and counted on stderr, and a cluster name no
+    UTF-8 key can hold (a lone surrogate) finds no metrics; every incident event gets its page."""
+    events, incidents, leak, skew, backpressure = lab
+    odd = [{**e, "incident_id": "odd-cluster", "cluster": f"lab{TERMINAL}"} for e in incidents
+           if e["incident_id"] == skew["incident_id"]]
+    incident_topic, input_topic = new_topic(), new_topic()
+    kafka = broker_config.kafka
+    producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
+    for value in [json.dumps(i).encode() for i in [*incidents, *odd]] + [
+            json.dumps({"incident_id": MARKUP, "summary": TERMINAL}).encode(), b"[1, 2]", b'"a string"',
+            b"\xff not JSON"]:
+        producer.send(incident_topic, value=value)
+    for path in events:
+        for event in read_jsonl(path):
+            producer.send(input_topic, key=f"{event['cluster']}/{event['job_id']}".encode(), value=json.dumps(event).encode())
+    producer.flush()
+    producer.close()
+    env = {"SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+           "SENTINEL_TOPICS__INCIDENTS": incident_topic, "SENTINEL_TOPICS__INPUT": input_topic}
+    done = run_sentinel("report", env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "skipped 3 record(s) that are not incident events" in done.stderr and "\x1b" not in done.stderr
+    ids = {i["incident_id"] for i in [*incidents, *odd]}
+    out = tmp_path / "incidents"
+    assert f"{len(ids)} incident pages and the index" in done.stdout
+    index = Page((out / "index.html").read_text())
+    assert len(index.links) == len(ids)
+    assert page_of(out, index.links, skew["incident_id"]).svgs == 2  # its metrics, from the input topic
+    odd_page = page_of(out, index.links, "odd-cluster")
+    assert odd_page.svgs == 0 and f"cluster lab{TERMINAL_SHOWN}" in odd_page.words  # no metrics under that key
+
+
 def _terminal_safe(text: str) -> bool:
     """No character that moves the cursor, ends a line, or reorders what follows."""
     return not any(unicodedata.category(c) in ("Cc", "Cs", "Zl", "Zp") or c in "\u202a\u202b\u202c\u202d\u202e"
