@@ -27,6 +27,7 @@ import functools
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -53,6 +54,7 @@ SEVERITY_COLOURS = {"critical": "#b00020", "warning": "#c77700", "info": "#1f5fa
 FAMILY_TITLES = {STATE_LEAK: "State leak", BACKPRESSURE: "Backpressure", SKEW: "Skew",
                  CHECKPOINT_FAILURE: "Checkpoint failure", "anomaly": "Unexplained (anomaly)"}
 MIB = 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class UnknownIncident(LookupError):
@@ -501,9 +503,10 @@ raw values.</p>
 {% macro rows(items, resolved) -%}
 <table><tr><th>severity</th><th>family</th><th>job / vertex</th><th>opened</th><th>{{ 'resolved' if resolved else \
 'last update' }}</th><th>summary</th></tr>
-{% for i in items %}<tr><td>{{ badge(i.severity) }}</td><td>{{ i.family }}</td><td><a href="{{ i.href }}"\
-{% if i.heading != i.where %} title="{{ i.where }}"{% endif %}>{{ i.heading }}</a></td><td>{{ i.opened }}</td>\
-<td>{{ i.until }}</td><td>{{ i.summary }}</td></tr>
+{% for i in items %}<tr><td>{{ badge(i.severity) }}</td><td>{{ i.family }}</td><td>{% if i.href %}\
+<a href="{{ i.href }}"{% if i.heading != i.where %} title="{{ i.where }}"{% endif %}>{{ i.heading }}</a>\
+{% else %}{{ i.heading }} <span class="muted">(no page: see the report's log)</span>{% endif %}</td>\
+<td>{{ i.opened }}</td><td>{{ i.until }}</td><td>{{ i.summary }}</td></tr>
 {% endfor %}</table>
 {%- endmacro %}
 {% if open %}{{ rows(open, False) }}{% else %}<p class="muted">None.</p>{% endif %}
@@ -609,16 +612,19 @@ def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
         labels=_preformatted(last.get("labels") or {}, sort_keys=True))
 
 
-def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int) -> str:
-    """The open incidents, worst first, then the resolved ones (latest first)."""
+def render_index(histories: Mapping[str, Sequence[dict]], generated_at_ms: int,
+                 without_page: frozenset[str] = frozenset()) -> str:
+    """The open incidents, worst first, then the resolved ones (latest first); those in
+    ``without_page`` are listed without a link."""
     rank = {"critical": 0, "warning": 1, "info": 2}
     open_ = sorted((h for h in histories.values() if is_open(h)),
-                   key=lambda h: (rank.get(h[-1]["severity"], 3), -h[-1]["opened_at"]))
-    resolved = sorted((h for h in histories.values() if not is_open(h)), key=lambda h: -h[-1]["resolved_at"])
+                   key=lambda h: (rank.get(h[-1]["severity"], 3), -(h[-1]["opened_at"] or 0)))
+    resolved = sorted((h for h in histories.values() if not is_open(h)), key=lambda h: -(h[-1]["resolved_at"] or 0))
 
     def rows(items: list[Sequence[dict]], resolved_: bool) -> list[dict]:
         return [{"severity": last_open_event(h)["severity"], "family": h[-1]["family"],
-                 "href": page_file(h[-1]["incident_id"]), "where": printable(_where(h[-1])),
+                 "href": None if h[-1]["incident_id"] in without_page else page_file(h[-1]["incident_id"]),
+                 "where": printable(_where(h[-1])),
                  "heading": _cut(_where(h[-1]), HEADING_CHARS), "opened": _when(h[-1]["opened_at"]),
                  "until": _when(h[-1]["resolved_at"] if resolved_ else h[-1]["updated_at"]),
                  "summary": last_open_event(h)["summary"]} for h in items]
@@ -650,8 +656,9 @@ def write_pages(incident_events: Sequence[dict], job_events: Iterable[Mapping], 
                 only: Sequence[str] = ()) -> list[Path]:
     """Every incident's page (or ``only`` those ids) and ``index.html`` into ``directory``.
 
-    ``job_events``: input events of (at least) the incidents' jobs; others are skipped.
-    Returns the pages written, the index first; every one is inside ``directory``.
+    ``job_events``: input events of (at least) the incidents' jobs; others are skipped. An
+    incident whose page cannot be drawn (values the contract leaves free) is logged and listed in
+    the index without a link. Returns the pages written, the index first; all inside ``directory``.
     """
     histories = incident_histories(incident_events)
     missing = [i for i in only if i not in histories]
@@ -664,17 +671,31 @@ def write_pages(incident_events: Sequence[dict], job_events: Iterable[Mapping], 
         key = (event.get("cluster"), event.get("job_id"))
         if key in wanted:
             per_job.setdefault(key, []).append(event)
-    metrics = {key: JobMetrics.from_events(events) for key, events in per_job.items()}
     empty = JobMetrics.from_events([])
+    metrics = {}
+    for key, events in per_job.items():
+        try:
+            metrics[key] = JobMetrics.from_events(events)
+        except Exception as exc:  # one job's odd events cost its plots, not the report
+            log.warning("the metrics of job %s on cluster %s could not be read (%s: %s); its pages have no plots",
+                        printable(key[1]), printable(key[0]), type(exc).__name__, printable(exc))
+            metrics[key] = empty
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     root = directory.resolve()
-    latest_ms = max((e["updated_at"] for e in incident_events), default=0)
-    written = [_write_inside(root, "index.html", render_index(histories, latest_ms))]
+    written, without_page = [], set()
     for incident_id, history in histories.items():
         if only and incident_id not in only:
             continue
-        job = metrics.get(job_key(history[-1]), empty)
-        page = render_page(history, job.between(*window_of(history)))
+        try:
+            page = render_page(history, metrics.get(job_key(history[-1]), empty).between(*window_of(history)))
+        except Exception as exc:  # an incident's odd values (the forecast is free form) cost its page only
+            log.warning("no page for incident %s: %s: %s", printable(incident_id), type(exc).__name__,
+                        printable(exc))
+            without_page.add(incident_id)
+            continue
         written.append(_write_inside(root, page_file(incident_id), page))
-    return [directory / p.name for p in written]
+    # The index last: it knows which incidents got no page.
+    latest_ms = max((e["updated_at"] or 0 for e in incident_events), default=0)
+    index = _write_inside(root, "index.html", render_index(histories, latest_ms, frozenset(without_page)))
+    return [directory / p.name for p in [index, *written]]

@@ -261,15 +261,20 @@ def test_every_page_lands_inside_out_under_its_own_name(lab, tmp_path):
 
 def test_from_the_topics_records_that_are_not_incidents_are_skipped_and_told(lab, broker_config, new_topic, tmp_path):
     """The incident topic is anyone's to write to: a record that is not an incident event (fields
-    missing, not an object, not JSON) is skipped and counted on stderr, and a cluster name no
-    UTF-8 key can hold (a lone surrogate) finds no metrics; every incident event gets its page."""
+    missing, not an object, not JSON) is skipped and counted on stderr, a cluster name no UTF-8
+    key can hold (a lone surrogate) finds no metrics, an incident whose free-form values no page
+    can draw is told and listed without a link; every other incident gets its page."""
     events, incidents, leak, skew, backpressure = lab
     odd = [{**e, "incident_id": "odd-cluster", "cluster": f"lab{TERMINAL}"} for e in incidents
            if e["incident_id"] == skew["incident_id"]]
+    # Incident events the contract accepts, with values it leaves free that no page can draw.
+    opened = [e for e in incidents if e["incident_id"] == leak["incident_id"]][:1]
+    undrawable = [{**opened[0], "incident_id": "odd-forecast", "forecast": {"eta_ms": "soon", "limit": "big"}},
+                  {**opened[0], "incident_id": "odd-opened", "opened_at": None}]
     incident_topic, input_topic = new_topic(), new_topic()
     kafka = broker_config.kafka
     producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
-    for value in [json.dumps(i).encode() for i in [*incidents, *odd]] + [
+    for value in [json.dumps(i).encode() for i in [*incidents, *odd, *undrawable]] + [
             json.dumps({"incident_id": MARKUP, "summary": TERMINAL}).encode(), b"[1, 2]", b'"a string"',
             b"\xff not JSON"]:
         producer.send(incident_topic, value=value)
@@ -283,11 +288,14 @@ def test_from_the_topics_records_that_are_not_incidents_are_skipped_and_told(lab
     done = run_sentinel("report", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "skipped 3 record(s) that are not incident events" in done.stderr and "\x1b" not in done.stderr
+    assert "no page for incident odd-forecast: TypeError" in done.stderr
+    assert "no page for incident odd-opened: TypeError" in done.stderr
     ids = {i["incident_id"] for i in [*incidents, *odd]}
     out = tmp_path / "incidents"
     assert f"{len(ids)} incident pages and the index" in done.stdout
     index = Page((out / "index.html").read_text())
-    assert len(index.links) == len(ids)
+    assert len(index.links) == len(ids) and len(list(out.iterdir())) == 1 + len(ids)
+    assert index.words.count("(no page: see the report's log)") == 2  # listed, not linked
     assert page_of(out, index.links, skew["incident_id"]).svgs == 2  # its metrics, from the input topic
     odd_page = page_of(out, index.links, "odd-cluster")
     assert odd_page.svgs == 0 and f"cluster lab{TERMINAL_SHOWN}" in odd_page.words  # no metrics under that key
