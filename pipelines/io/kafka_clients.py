@@ -334,7 +334,8 @@ class BrokerProbe:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
         self._close_admin()
 
     def probe(self) -> bool:
@@ -386,3 +387,13 @@ class BrokerProbe:
         if admin is not None:
             with contextlib.suppress(Exception):
                 admin.close()
+
+
+def broker_answers(bootstrap_servers: str, client_options: Mapping[str, Any], timeout_s: float = 5.0) -> bool:
+    """Whether the broker answers one metadata request within about ``timeout_s`` (and a TCP
+    connect's wait): a reader that gets no records can tell an absent broker from missing ones."""
+    probe = BrokerProbe(bootstrap_servers, client_options, timeout_s=timeout_s)
+    try:
+        return probe.probe()
+    finally:
+        probe.stop()

@@ -26,6 +26,8 @@ Options (all strings, as Spark passes them):
                          apart from ``clientOptions`` so that Spark's redaction (its key says
                          "secret") hides them wherever Spark shows options, and kept out of reprs
 ``pollTimeoutMs``        how long a task waits for records it knows exist (default 120000)
+``brokerWaitMs``         how long a task waits on while the broker does not answer at all (default
+                         1800000): it reads on when the broker is back, instead of failing the query
 ``metadataTimeoutMs``    how long the driver waits for the topic's metadata (default 30000)
 =======================  ==========================================================================
 """
@@ -209,6 +211,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError("option 'maxOffsetsPerTrigger' must be >= 1")
         self.fail_on_data_loss = _flag(options, "failOnDataLoss", True)
         self.poll_timeout_s = float(options.get("pollTimeoutMs", "120000")) / 1000.0
+        self.broker_wait_s = float(options.get("brokerWaitMs", "1800000")) / 1000.0
         self.metadata_timeout_s = float(options.get("metadataTimeoutMs", "30000")) / 1000.0
         read_tasks = options.get("readTasks")
         self.read_tasks = int(read_tasks) if read_tasks else None
@@ -329,7 +332,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- executor side -----------------------------------------------------------------------
 
     def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
-        yield from read_ranges(self.spec, partition.ranges, self.fail_on_data_loss, self.poll_timeout_s)
+        yield from read_ranges(self.spec, partition.ranges, self.fail_on_data_loss, self.poll_timeout_s,
+                               self.broker_wait_s)
 
 
 def _rate_limited(start: dict, end: dict, max_rows: int) -> dict:
@@ -350,12 +354,17 @@ def _rate_limited(start: dict, end: dict, max_rows: int) -> dict:
 
 
 def read_ranges(
-    spec: _ClientSpec, ranges: Sequence[KafkaPartitionRange], fail_on_data_loss: bool, poll_timeout_s: float
+    spec: _ClientSpec, ranges: Sequence[KafkaPartitionRange], fail_on_data_loss: bool, poll_timeout_s: float,
+    broker_wait_s: float = 0.0,
 ) -> Iterator[pa.RecordBatch]:
     """The records of ``ranges`` (each of a different partition) as Arrow batches, each partition's
     in offset order. The partitions are fetched together, one request for all of them, and a
     partition whose range is read is paused: each fetch is a broker round trip (the embedded broker
-    took 100-230 ms for one late in a 10-minute fleet run)."""
+    took 100-230 ms for one late in a 10-minute fleet run).
+
+    No records for ``poll_timeout_s`` fail the read, unless the broker does not answer at all: then
+    it waits on, up to ``broker_wait_s`` in all, and reads on when the broker is back (a failed
+    task fails the streaming query, which only a restart brings back)."""
     consumer = _worker_consumer(spec)
     nonempty = [r for r in ranges if r.end > r.start]
     wanted = {TopicPartition(r.topic, r.partition): r for r in nonempty}
@@ -366,7 +375,11 @@ def read_ranges(
         consumer.seek(tp, part.start)
     position = {tp: part.start for tp, part in wanted.items()}
     columns: dict[str, list] = {name: [] for name in _ARROW_SCHEMA.names}
-    last_progress = time.monotonic()
+    last_progress = waiting_since = time.monotonic()
+    # After an outage the consumer reconnects at most its reconnect backoff apart: the read gives
+    # it that long, or the poll timeout if longer, once the broker answers again.
+    after_outage = False
+    grace_s = consumer.config.get("reconnect_backoff_max_ms", 0) / 1000.0 + poll_timeout_s
     try:
         while True:
             done = [tp for tp in wanted if position[tp] >= wanted[tp].end]
@@ -402,8 +415,15 @@ def read_ranges(
                     # Offsets can skip (compaction, transaction markers): the consumer's position is authoritative.
                     position[tp] = max(position[tp], min(consumer.position(tp), part.end))
             if fetched:
-                last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > poll_timeout_s:
+                last_progress = waiting_since = time.monotonic()
+                after_outage = False
+            elif time.monotonic() - last_progress > (grace_s if after_outage else poll_timeout_s):
+                if time.monotonic() - waiting_since < broker_wait_s and \
+                        not kafka_clients.broker_answers(spec.bootstrap_servers, spec.client_options):
+                    log.warning("the broker at %s does not answer: this read waits for it (%.0f s so far)",
+                                spec.bootstrap_servers, time.monotonic() - waiting_since)
+                    last_progress, after_outage = time.monotonic(), True
+                    continue
                 behind = ", ".join(f"{tp.topic}[{tp.partition}] at offset {position[tp]} (needs up to "
                                    f"{wanted[tp].end - 1})" for tp in wanted if position[tp] < wanted[tp].end)
                 raise TimeoutError(f"no records for {poll_timeout_s:.0f}s from {behind}")

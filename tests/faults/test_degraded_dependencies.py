@@ -375,3 +375,45 @@ def test_a_broker_cut_mid_run_is_seen_within_a_minute_and_the_job_reads_on_witho
     assert seen_after_s < 60 and back_after_s < 60
     assert set(map(key, expected)) <= set(map(key, published))  # none lost; repeats are allowed
     assert {i["incident_id"] for i in published} == {i["incident_id"] for i in expected}
+
+
+def test_a_read_under_way_when_the_broker_goes_waits_for_it_and_reads_on(broker_behind_proxy):
+    """A Spark task reading its offsets when the broker goes: it does not give up after the poll
+    timeout (which would fail the micro-batch and stop the query), it reads on once the broker is
+    back."""
+    from pipelines.io.kafka_source import KafkaPartitionRange, _ClientSpec, read_ranges
+
+    address, proxy = broker_behind_proxy
+    topic = "cut-mid-read"
+    kafka_clients.ensure_topics(address, {}, [topic], 1)
+    spec = _ClientSpec(address, "{}")
+
+    def produce(values: range) -> None:
+        producer = kafka_clients.make_producer(address, {})
+        for i in values:
+            producer.send(topic, value=str(i).encode())
+        producer.flush()
+        producer.close()
+
+    produce(range(10))
+    warm = list(read_ranges(spec, [KafkaPartitionRange(topic, 0, 0, 10)], True, poll_timeout_s=3.0))
+    assert sum(batch.num_rows for batch in warm) == 10  # the worker's consumer is connected
+    produce(range(10, 500))
+    proxy.cut()
+    outcome: dict = {}
+
+    def read() -> None:
+        try:
+            batches = read_ranges(spec, [KafkaPartitionRange(topic, 0, 10, 500)], True, poll_timeout_s=3.0,
+                                  broker_wait_s=300.0)
+            outcome["values"] = [int(v) for batch in batches for v in batch.column("value").to_pylist()]
+        except Exception as exc:  # what today's reader does after its poll timeout
+            outcome["error"] = exc
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(15)
+    assert reader.is_alive() and not outcome, outcome  # still waiting, well past the 3 s poll timeout
+    proxy.restore()
+    reader.join(120)
+    assert outcome == {"values": list(range(10, 500))}
