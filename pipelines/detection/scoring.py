@@ -311,7 +311,7 @@ def scoring_versions(payload: bytes) -> dict[str, list[str]]:
 def record_scoring(metrics, payload: bytes) -> None:
     """A :func:`models_payload` into the job's metrics (a ``pipelines.telemetry.DetectionMetrics``):
     the load failures and unscored rows counted, and each family's ``model_scoring`` 1 while its
-    champion gives scores, 0 while it has none or scored none of this report's rows. The driver's
+    champion gives scores, 0 while it has none or scored none of the last rows it judged. The driver's
     log names a family when it goes blind, scores again, or first fails to load or score."""
     for family, report in orjson.loads(payload)["families"].items():
         was_scoring = _sample(metrics.model_scoring, family)
@@ -321,7 +321,10 @@ def record_scoring(metrics, payload: bytes) -> None:
             metrics.model_load_failures.labels(family).inc(report["load_failures"])
         if report["unscored"]:
             metrics.model_nan_scores.labels(family).inc(report["unscored"])
-        blind = report["model"] is None or (report["judged"] > 0 and report["unscored"] >= report["judged"])
+        # A report whose worker judged no row of the family's level says nothing new: the family
+        # keeps the state the last rows it judged gave (another worker's, in the same batch).
+        blind = report["model"] is None or report["unscored"] >= report["judged"] > 0 or \
+            (report["judged"] == 0 and was_scoring == 0)
         metrics.model_scoring.labels(family).set(0 if blind else 1)
         cause = f" ({report['error']})" if report["error"] else ""
         if blind and was_scoring != 0:

@@ -394,3 +394,27 @@ def test_a_fresh_worker_scores_with_the_jobs_copies_while_the_registry_is_down(s
     # Without the job's copies (its first start), the registry's outage still stops the start-up.
     with pytest.raises(Exception, match="cannot be reached"):
         ChampionCache(small_store, held=HeldCopies(Location.of(tmp_path / "elsewhere"))).require()
+
+
+def test_a_report_of_a_worker_that_judged_no_row_of_a_family_leaves_its_state_alone():
+    """Each Python worker reports per micro-batch; one whose rows had none of a family's level
+    must not make a blind family look scored again (nor log that it is)."""
+    import orjson
+
+    from pipelines.detection.scoring import record_scoring
+    from pipelines.telemetry import DetectionMetrics
+
+    def report(judged: int, unscored: int) -> bytes:
+        return orjson.dumps({"registry_error": None, "families": {"skew": {
+            "model": ["sentinel-skew", "3"], "source": "registry", "load_failures": 0, "judged": judged,
+            "unscored": unscored, "error": None}}})
+
+    metrics = DetectionMetrics()
+    record_scoring(metrics, report(judged=0, unscored=0))
+    assert _metric(metrics, "model_scoring", "skew") == 1  # loaded, nothing against it yet
+    record_scoring(metrics, report(judged=5, unscored=5))
+    record_scoring(metrics, report(judged=0, unscored=0))
+    assert _metric(metrics, "model_scoring", "skew") == 0
+    assert _metric(metrics, "model_nan_scores_total", "skew") == 5
+    record_scoring(metrics, report(judged=5, unscored=1))
+    assert _metric(metrics, "model_scoring", "skew") == 1
