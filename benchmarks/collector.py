@@ -42,6 +42,10 @@ def cpu_s() -> float:
     return times.user + times.system
 
 
+def sys_s() -> float:
+    return os.times().system
+
+
 def start_fleet(args, port: int) -> list[subprocess.Popen]:
     epoch_ms = int(time.time() * 1000)
     servers = []
@@ -89,6 +93,7 @@ class Cycles:
         if self.second is None:
             self.second = result
             self.rss_after_first, self.cpu_after_first, self.wall_after_first = rss_mib(), cpu_s(), time.monotonic()
+            self.sys_after_first = sys_s()
             return
         self.durations.append(result.duration_s)
         self.requests += result.requests
@@ -192,6 +197,7 @@ def main() -> None:
                 publish, close = kafka_publisher(config, awaitable=True) if not args.tree else kafka_publisher(config)
             cycles = (run_old if args.tree else run_new)(args, config, publish)
             wall, cpu = time.monotonic() - cycles.wall_after_first, cpu_s() - cycles.cpu_after_first
+            kernel = sys_s() - cycles.sys_after_first
             rss_end = rss_mib()
         finally:
             close()
@@ -222,7 +228,8 @@ def main() -> None:
           f"p99 {figures['cycle_p99_s']:.2f}s, max {durations.max():.2f}s")
     print(f"requests: {cycles.requests} for {cycles.job_polls} job-polls = {figures['requests_per_job_poll']:.2f} per "
           f"job-poll; {cycles.errors} errors{' (first: ' + cycles.first_error + ')' if cycles.errors else ''}")
-    print(f"CPU: {cpu:.1f}s = {cpu / job_polls * 1000:.2f} ms per job-poll, {figures['cpu_cores']:.2f} cores; "
+    print(f"CPU: {cpu:.1f}s ({kernel:.1f}s of it in the kernel: the sockets, loopback's both ends included) = "
+          f"{cpu / job_polls * 1000:.2f} ms per job-poll, {figures['cpu_cores']:.2f} cores; "
           f"replay server: {served['cpu_s']:.1f}s for {served['requests']} requests")
     print(f"RSS: {figures['rss_start_mib']:.0f} MiB after the start-up cycles, {figures['rss_end_mib']:.0f} MiB at the end")
     print(f"events: {cycles.events} = {figures['events_per_s']:.0f}/s")
