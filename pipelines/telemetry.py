@@ -172,13 +172,18 @@ class DetectionMetrics:
         self.batch_id.labels(query).set(batch.batch_id)
         self.state_rows.labels(query).set(batch.state_rows)
         self.dropped_late.labels(query).inc(batch.rows_dropped_by_watermark)
-        if batch.newest_event_s is not None and batch.newest_event_s > self.lags.newest.get(query, 0.0):
-            self.lags.newest[query] = batch.newest_event_s
-            self.newest_event.labels(query).set(batch.newest_event_s)
+        self.newest_event_seen(query, batch.newest_event_s)
         if batch.watermark_s is not None:
             self.lags.watermark[query] = batch.watermark_s
         self.last_batch.labels(query).set(now)
         self.last_progress.labels(query).set(now)
+
+    def newest_event_seen(self, query: str, newest_event_s: float | None) -> None:
+        """A newer event time than the query's newest yet: a batch's, or the one a restarted
+        query's checkpoint vouches for before its first batch."""
+        if newest_event_s is not None and newest_event_s > self.lags.newest.get(query, 0.0):
+            self.lags.newest[query] = newest_event_s
+            self.newest_event.labels(query).set(newest_event_s)
 
     def idle(self, query: str) -> None:
         """The query's trigger found no new input: it is alive, and its lags go on growing."""

@@ -29,7 +29,7 @@ from models.registry import ModelUnavailable
 from pipelines.config import ConfigError, SentinelConfig
 from pipelines.detection.data_quality import BackgroundValidator, flatten
 from pipelines.detection.dead_letters import DeadLetterSpool
-from pipelines.detection.observability import MetricsListener
+from pipelines.detection.observability import MetricsListener, checkpointed_newest_event_s
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
 from pipelines.detection.processor import detect, load_models_on_workers
@@ -296,6 +296,8 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     workers = _load_models_on_workers(spark, config)
     detection = config.detection
     metrics = DetectionMetrics()
+    metrics.newest_event_seen(DETECTION_QUERY, checkpointed_newest_event_s(
+        config.checkpoint_dir(DETECTION_QUERY), int(config.features.watermark_delay.split()[0])))
     server = serve(metrics.registry, detection.metrics_host, detection.metrics_port) \
         if detection.metrics_port is not None else None
     validator = BackgroundValidator(Path(config.state_dir) / "logs" / "input_validation.jsonl",

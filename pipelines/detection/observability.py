@@ -48,6 +48,20 @@ def batch_progress(progress: Any) -> BatchProgress:
         newest_event_s=_event_time_s(progress, "max"), watermark_s=_event_time_s(progress, "watermark"))
 
 
+def checkpointed_newest_event_s(checkpoint: Any, watermark_delay_ms: int) -> float | None:
+    """At least how new the newest event a query's checkpoint (a :class:`~pipelines.io.storage.Location`)
+    has processed is: its latest watermark plus the watermark's delay, as Spark computes the
+    watermark from the newest event time; None before its first watermark. A job restarted onto a
+    quiet input has no batch to report it, and its event lag would otherwise be unknown."""
+    offsets = checkpoint / "offsets"
+    batches = [int(name) for name in offsets.names() if name.isdigit()] if offsets.exists() else []
+    if not batches:
+        return None
+    lines = (offsets / str(max(batches))).read_text().splitlines()
+    watermark_ms = json.loads(lines[1]).get("batchWatermarkMs", 0) if len(lines) > 1 else 0
+    return (watermark_ms + watermark_delay_ms) / 1000.0 if watermark_ms > 0 else None
+
+
 class ProgressListener(StreamingQueryListener):
     """A ``StreamingQueryListener`` whose progress events cross from the JVM as one JSON string.
 

@@ -9,7 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
-from pipelines.detection.observability import MetricsListener, ProgressListener
+from pipelines.detection.observability import MetricsListener, ProgressListener, checkpointed_newest_event_s
+from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics
 from tests.pipelines.detection.helpers import wait_for
 
@@ -108,6 +109,9 @@ def test_the_metrics_listener_writes_the_served_registry_with_the_newest_event_s
     assert scraped[("checkpoint_sentinel_input_rows_total", query_label)] == 30
     # No file left behind but the one node_exporter reads (write_to_textfile renames its temporary).
     assert [p.name for p in listener.path.parent.iterdir()] == ["sentinel.prom"]
+    # Restarted onto a quiet input, the job knows the newest event from its checkpoint's watermark.
+    assert checkpointed_newest_event_s(Location.of(tmp_path / "checkpoint"), 5 * 60_000) == newest_ms / 1000
+    assert checkpointed_newest_event_s(Location.of(tmp_path / "no-checkpoint"), 5 * 60_000) is None
 
 
 def names(text: str) -> set[str]:
