@@ -52,6 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipelines import telemetry
 from pipelines.config import SentinelConfig
+from pipelines.detection.incident_view import page_file
 from pipelines.families import ALERTNAMES
 from pipelines.io import kafka_clients
 
@@ -126,7 +127,9 @@ def to_alert(incident: dict, ends_at_ms: int, incident_url: str | None = None) -
     if incident.get("symptoms"):
         annotations["symptoms"] = ", ".join(s["family"] for s in incident["symptoms"])
     if incident_url:
-        annotations["incident_url"] = incident_url.format(incident_id=incident["incident_id"])
+        # The page's own name (the id itself, or a slug and hash of an id that is not URL-safe).
+        page = page_file(str(incident["incident_id"])).removesuffix(".html")
+        annotations["incident_url"] = incident_url.format(incident_id=page)
     alert = {"labels": alert_labels(incident), "annotations": annotations,
              "startsAt": _iso(incident["opened_at"]), "endsAt": _iso(ends_at_ms)}
     if incident_url:

@@ -24,13 +24,11 @@ templates, and a page's file name comes from :func:`page_file`, written only ins
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import logging
 import math
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +40,7 @@ from markupsafe import Markup, escape
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.detection.evidence import human_duration
-from pipelines.detection.incident_view import printable, utc_time
+from pipelines.detection.incident_view import page_file, printable, utc_time
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
@@ -549,22 +547,6 @@ def _preformatted(value, sort_keys: bool = False) -> Markup:
 
 # An id the detector makes (``<family>-<hex>``) is its own file name, so ``alert.incident_url``
 # can link to ``{incident_id}.html``; "index" is the index's.
-PLAIN_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
-RESERVED_NAMES = frozenset({"index"})
-SLUG_CHARS = 60
-
-
-def page_file(incident_id: str) -> str:
-    """The file name of an incident's page: the id itself when it is a plain lower-case name,
-    else a slug of it and a hash of the whole id after a ``~`` (which no plain id holds), so two
-    ids never share a page. Only ``[a-z0-9_~-]`` and ``.html``: safe in a folder and in a URL."""
-    if PLAIN_ID.fullmatch(incident_id) and incident_id not in RESERVED_NAMES:
-        return f"{incident_id}.html"
-    slug = re.sub(r"[^a-z0-9]+", "-", incident_id.lower()).strip("-")[:SLUG_CHARS].rstrip("-") or "incident"
-    digest = hashlib.sha256(incident_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return f"{slug}~{digest}.html"
-
-
 def _where(incident: Mapping) -> str:
     where = str(incident.get("job_name") or incident["job_id"])
     if incident.get("vertex_name"):

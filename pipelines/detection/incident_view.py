@@ -8,6 +8,7 @@ terminal gives each character (:func:`fit`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -114,3 +115,19 @@ def _incidents(consumer, timeout_s: float | None, max_events: int | None,
                 return
     finally:
         consumer.close()
+
+
+PLAIN_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
+RESERVED_NAMES = frozenset({"index"})
+SLUG_CHARS = 60
+
+
+def page_file(incident_id: str) -> str:
+    """The file name of an incident's page: the id itself when it is a plain lower-case name,
+    else a slug of it and a hash of the whole id after a ``~`` (which no plain id holds), so two
+    ids never share a page. Only ``[a-z0-9_~-]`` and ``.html``: safe in a folder and in a URL."""
+    if PLAIN_ID.fullmatch(incident_id) and incident_id not in RESERVED_NAMES:
+        return f"{incident_id}.html"
+    slug = re.sub(r"[^a-z0-9]+", "-", incident_id.lower()).strip("-")[:SLUG_CHARS].rstrip("-") or "incident"
+    digest = hashlib.sha256(incident_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{slug}~{digest}.html"

@@ -468,3 +468,18 @@ def test_a_5xx_is_retried_with_backoff_and_counted_and_nothing_is_rejected(confi
     assert metrics["checkpoint_sentinel_alert_relay_retries_total"] == 2
     assert metrics["checkpoint_sentinel_alert_relay_delivered_total"] >= 1
     assert sum(v for k, v in metrics.items() if k.startswith("checkpoint_sentinel_alert_relay_rejected_total")) == 0
+
+
+def test_an_incident_url_names_the_page_sentinel_report_writes_for_the_id():
+    from pipelines.alerting import to_alert
+    from pipelines.detection.incident_view import page_file
+
+    url = "https://sentinel.example/incidents/{incident_id}.html"
+    plain = {"incident_id": "state_leak-0a1b2c", "summary": "s", "score": 0.9, "severity": "warning",
+             "family": "state_leak", "cluster": "c", "job_id": "j" * 32, "opened_at": 0}
+    assert to_alert(plain, 1, url)["annotations"]["incident_url"] == \
+        "https://sentinel.example/incidents/state_leak-0a1b2c.html"
+    hostile = {**plain, "incident_id": "../../etc/x?y#z"}
+    link = to_alert(hostile, 1, url)["annotations"]["incident_url"]
+    assert link == f"https://sentinel.example/incidents/{page_file('../../etc/x?y#z')}"
+    assert "/../" not in link and "?" not in link and "#" not in link
