@@ -33,7 +33,7 @@ from pipelines.detection.observability import MetricsListener, checkpointed_newe
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
 from pipelines.detection.processor import detect, load_models_on_workers
-from pipelines.detection.scoring import ChampionCache
+from pipelines.detection.scoring import ChampionCache, record_scoring, scoring_versions
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location
@@ -108,8 +108,10 @@ class DetectionSinks:
             if row["kind"] == LATE:
                 late[row["key"]] = late.get(row["key"], 0) + row["count"]
             elif row["kind"] == MODELS:
-                self.models.update(orjson.loads(row["payload"]))
+                self.models.update(scoring_versions(row["payload"]))
                 self.registry_error = row["key"]
+                if self.metrics is not None:
+                    record_scoring(self.metrics, row["payload"])
         for reason, count in late.items():
             self.late[reason] = self.late.get(reason, 0) + count
         if late:
@@ -146,6 +148,7 @@ class RunningJob:
     listener: MetricsListener
     validator: BackgroundValidator
     metrics_server: MetricsServer | None = None  # /metrics for Prometheus
+    broker_probe: kafka_clients.BrokerProbe | None = None  # the broker's reachability, for /metrics
     keeper: WorkerKeeper | None = None  # the Python workers kept while the input is quiet
 
     @property
@@ -181,6 +184,8 @@ class RunningJob:
         self.listener.write()  # the counts as the last batch left them
         self.sinks.close()
         self.validator.wait(10)
+        if self.broker_probe is not None:
+            self.broker_probe.stop()
         if self.metrics_server is not None:
             self.metrics_server.close()
 
@@ -316,4 +321,7 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     query = writer.start()
     keeper = None if available_now or detection.keep_workers_warm_s is None else \
         WorkerKeeper(spark, config, query, detection.keep_workers_warm_s, workers).start()
-    return RunningJob(spark, query, sinks, listener, validator, server, keeper)
+    # The input source reads an absent broker as a quiet topic: the probe tells them apart.
+    probe = kafka_clients.BrokerProbe(kafka.bootstrap_servers, kafka.client_kwargs(), metrics.broker_reachable,
+                                      metrics.broker_last_contact).start()
+    return RunningJob(spark, query, sinks, listener, validator, metrics_server=server, keeper=keeper, broker_probe=probe)

@@ -59,7 +59,7 @@ from pipelines.detection.outputs import (DEAD_LETTER, FEATURE_ROWS_PER_PAYLOAD, 
                                          OUTPUT_SCHEMA, SAMPLE, WORKER_SCHEMA, feature_log_writer_ready,
                                          feature_rows_payload)
 from pipelines.detection.policy import PolicySettings, resolve_gone
-from pipelines.detection.scoring import worker_champions
+from pipelines.detection.scoring import models_payload, worker_champions
 from pipelines.detection.validation import EARLIEST_TS
 from pipelines.detection.worker_gc import COLLECTOR, CollectorBetweenTasks
 
@@ -338,8 +338,7 @@ class DetectionProcessor(StatefulProcessor):
         for start in range(0, len(rows), FEATURE_ROWS_PER_PAYLOAD):
             chunk = rows.iloc[start:start + FEATURE_ROWS_PER_PAYLOAD]
             yield Row(kind=FEATURES, key=None, payload=feature_rows_payload(chunk), count=len(chunk))
-        yield Row(kind=MODELS, key=cache.registry_error,
-                  payload=orjson.dumps({f: [m.name, m.version] for f, m in cache.models.items()}), count=len(rows))
+        yield Row(kind=MODELS, key=cache.registry_error, payload=models_payload(cache), count=len(rows))
 
     def _sweep(self, dues: dict, watermark: int) -> list[dict]:
         """Forget the bucket's jobs silent for the idle timeout as far as the watermark knows,
