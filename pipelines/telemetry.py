@@ -225,8 +225,8 @@ class CollectorMetrics:
         self.poll_duration.labels(cluster).observe(result.duration_s)
         for seconds in result.request_seconds:
             self.request_duration.labels(cluster).observe(seconds)
-        for event in result.events:
-            self.events.labels(cluster, event["kind"]).inc()
+        for kind, count in result.published.items():
+            self.events.labels(cluster, kind).inc(count)
         self.reachable.labels(cluster).set(1 if result.reachable else 0)
         self.jobs.labels(cluster).set(result.jobs)
         self.last_poll.labels(cluster).set(time.time())

@@ -124,9 +124,14 @@ class PollResult:
     request_seconds: list[float] = field(default_factory=list)  # each REST request's duration
     job_polls: int = 0  # jobs of this shard polled (the overview may list more)
     job_seconds: list[float] = field(default_factory=list)  # from the poll's start to each job's events published
+    published: dict[str, int] = field(default_factory=dict)  # events published, by kind
+
+    def __post_init__(self) -> None:
+        for event in self.events:
+            self.published[event["kind"]] = self.published.get(event["kind"], 0) + 1
 
     def line(self) -> str:
-        kinds = {kind: sum(e["kind"] == kind for e in self.events) for kind in ("job_status", "checkpoint", "vertex_metrics")}
+        kinds = {kind: self.published.get(kind, 0) for kind in ("job_status", "checkpoint", "vertex_metrics")}
         text = (f"{self.cluster}: {self.jobs} jobs, {kinds['checkpoint']} checkpoints, "
                 f"{kinds['vertex_metrics']} vertex samples, {kinds['job_status']} job statuses")
         if self.invalid:
@@ -153,8 +158,11 @@ class ClusterCollector:
 
     def __init__(self, endpoint: FlinkClusterEndpoint, settings: CollectorConfig, publish: Publish,
                  clock: Callable[[], float] = time.time, source: str = "collector",
-                 storage: StorageConfig | None = None, shard: Shard | None = None):
+                 storage: StorageConfig | None = None, shard: Shard | None = None, keep_events: bool = True):
         self.endpoint = endpoint
+        # Whether a poll's result lists its events (tests, --once) or only counts them (the
+        # service: a fleet's cycle would otherwise keep every event alive until it ends).
+        self.keep_events = keep_events
         self.publish = publish
         self.clock = clock
         self.source = source
@@ -301,7 +309,10 @@ class ClusterCollector:
             publish_failures.append(exc)
             return
         commit()
-        result.events.extend(valid)
+        if self.keep_events:
+            result.events.extend(valid)
+        for event in valid:
+            result.published[event["kind"]] = result.published.get(event["kind"], 0) + 1
         result.job_seconds.append(time.monotonic() - started)
 
     async def _read_metrics_refresh(self) -> None:
@@ -564,7 +575,7 @@ def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool 
         publish, close = kafka_publisher(config, awaitable=True)
     settings = config.collector
     shard = Shard.parse(settings.shard)
-    collectors = [ClusterCollector(endpoint, settings, publish, storage=config.storage, shard=shard)
+    collectors = [ClusterCollector(endpoint, settings, publish, storage=config.storage, shard=shard, keep_events=once)
                   for endpoint in endpoints]
     stop = stop or threading.Event()
     results: list[PollResult] = []

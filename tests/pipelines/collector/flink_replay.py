@@ -81,6 +81,8 @@ class RecordedFlink:
         replay = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # connections kept alive, as Flink's REST server does
+
             def do_GET(self):  # noqa: N802 - the stdlib's name
                 status, body = replay._answer(self.path)
                 try:
