@@ -141,9 +141,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 def _champions_root(tmp_path_factory) -> Path:
     # A developer running a few files again and again can train once: `python -m tests.champions DIR`,
-    # then SENTINEL_TEST_CHAMPIONS=DIR (a folder whose training is done; it is never changed).
-    if os.environ.get("SENTINEL_TEST_CHAMPIONS"):
-        return Path(os.environ["SENTINEL_TEST_CHAMPIONS"])
+    # then PYTEST_TRAINED_CHAMPIONS=DIR (a folder whose training is done; it is never changed; not SENTINEL_*,
+    # which `sentinel` reads as its own settings).
+    if os.environ.get("PYTEST_TRAINED_CHAMPIONS"):
+        return Path(os.environ["PYTEST_TRAINED_CHAMPIONS"])
     base = tmp_path_factory.getbasetemp()
     # pytest-xdist gives each worker its own base folder inside the run's folder.
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "champions"
