@@ -193,10 +193,12 @@ def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def _require_champions(config: SentinelConfig):
-    from pipelines.detection.scoring import ChampionCache
+def _require_champions(config: SentinelConfig, held: bool = False):
+    """The champions, loaded; ``held``: the detection job's, which a restart while the registry is
+    down resumes with (the copies the job keeps beside its checkpoints)."""
+    from pipelines.detection.scoring import ChampionCache, held_champions
 
-    cache = ChampionCache(config)
+    cache = ChampionCache(config, held=held_champions(config) if held else None)
     cache.require()
     print("scoring with " + ", ".join(f"{m.name} v{m.version}" for m in cache.models.values()), flush=True)
     return cache
@@ -209,7 +211,7 @@ def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
 
     logging.getLogger("pipelines.detection").setLevel(logging.INFO)
     check_reachable(config.kafka.bootstrap_servers, config.kafka.connect_timeout_s)
-    cache = _require_champions(config)
+    cache = _require_champions(config, held=True)
     spark = build_spark(config, "run")
     stop = _stop_on_signals()  # systemd and Kubernetes stop with SIGTERM: finish the batch, then stop
     job = start_detection(spark, config, cache, available_now=args.available_now)

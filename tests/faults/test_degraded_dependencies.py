@@ -106,7 +106,7 @@ def registry_server(trained_store, tmp_path):
 
 
 def test_with_the_registry_down_fresh_python_workers_score_with_the_champions_the_job_holds(
-        spark, broker_config, trained_store, registry_server, tmp_path):
+        spark, broker_config, trained_store, registry_server, tmp_path, monkeypatch):
     from pipelines import simulator
 
     url, server = registry_server
@@ -145,6 +145,14 @@ def test_with_the_registry_down_fresh_python_workers_score_with_the_champions_th
     champion = ChampionCache(trained_store).require()["state_leak"].version
     leaks = [i for i in read_topic(config, config.topics.incidents) if i["job_id"] == job_b.truth["job_id"]]
     assert {i["model"]["version"] for i in leaks} == {champion}  # the champion the job held, not another
+
+    # `sentinel run` itself restarted while the registry is still down resumes with the held champions.
+    from pipelines.cli import _require_champions
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    restarted = _require_champions(config, held=True)
+    assert restarted.models["state_leak"].version == champion and restarted.registry_error is not None
+    assert restarted.sources["state_leak"] == "held copy"
 
 
 # --- a family's champion that fails to load, another's that scores NaN ------------------------------
