@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 import orjson
+from kafka.errors import KafkaError
 from pyspark.sql import DataFrame, SparkSession
 
 from models.registry import ModelUnavailable
@@ -49,6 +50,9 @@ DETECTION_QUERY = "detection"
 # Checkpoint folders of the job before it was one query (its own policy files, a second query):
 # their state cannot be carried into this one.
 EARLIER_LAYOUT = ("detection/policy", "dead_letters")
+# How long a batch waits for a broker that does not take its incidents before it fails (and is run
+# again): as long as the input source waits for an absent broker.
+BROKER_WAIT_S = 1800.0
 
 
 class DetectionSinks:
@@ -89,8 +93,31 @@ class DetectionSinks:
                  time.monotonic() - started)
 
     def _publish(self, records: list[tuple[str, str | None, bytes]]) -> None:
+        """Send ``records`` and wait for the broker's acknowledgements; while the broker does not
+        take them, try again (the same incident ids) for up to :data:`BROKER_WAIT_S`, then fail the
+        batch, which Spark runs again."""
         if not records:
             return
+        waiting_since = None
+        while True:
+            try:
+                self._send(records)
+            except KafkaError as exc:
+                now = time.monotonic()
+                if waiting_since is None:
+                    waiting_since = now
+                    log.warning("the broker does not take this batch's %d incident events (%s); trying again for "
+                                "up to %.0f min", len(records), exc, BROKER_WAIT_S / 60)
+                if now - waiting_since > BROKER_WAIT_S:
+                    raise
+                self._close_producer()
+                time.sleep(5)
+                continue
+            if waiting_since is not None:
+                log.info("the broker took the incident events after %.0f s", time.monotonic() - waiting_since)
+            return
+
+    def _send(self, records: list[tuple[str, str | None, bytes]]) -> None:
         if self._producer is None:
             kafka = self.config.kafka
             self._producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
@@ -98,7 +125,15 @@ class DetectionSinks:
                    for topic, key, value in records]
         self._producer.flush()
         for future in futures:
-            future.get(timeout=30)  # raise here, so the batch fails and is re-run, rather than lose one
+            future.get(timeout=30)  # raise here rather than lose one
+
+    def _close_producer(self) -> None:
+        if self._producer is not None:
+            try:
+                self._producer.close(timeout=5)
+            except Exception:  # the broker is why we are here
+                pass
+            self._producer = None
 
     def _count(self, batch_id: int, rows: list, letters: list, incidents: list[dict]) -> None:
         self.incidents_published += len(incidents)
@@ -138,6 +173,7 @@ class DetectionSinks:
         self.spool.close()
         if self._producer is not None:
             self._producer.close()
+            self._producer = None
 
 
 @dataclass
