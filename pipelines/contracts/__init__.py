@@ -1,4 +1,4 @@
-"""The three topic contracts (``../shared/CONTRACTS.md``), and the feedback topic's, owned here and nowhere else.
+"""The three topic contracts (``docs/CONTRACTS.md``), and the feedback topic's, owned here and nowhere else.
 
 The JSON Schema files in ``schemas/`` are the single source. The Spark schemas the job parses with
 are generated from them by :func:`spark_schema`, so a field added to a contract reaches the parser
