@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -74,6 +75,25 @@ def _pyflink_home(python: Path) -> Path:
     if found.returncode != 0:
         raise FlinkClusterError(f"pyflink cannot be imported by {python}: {found.stderr.strip()[-500:]}")
     return Path(found.stdout.strip())
+
+
+def _wait_for_group(pgid: int, timeout_s: float = 15.0) -> None:
+    """Wait until no process of the group the lab started is left (Flink 1.20's start script
+    runs the JVM as its child: the script ends at once, the JVM holds the ports while it shuts
+    down); SIGKILL what outlives the timeout, and wait as long again at most."""
+    for last_resort in (signal.SIGKILL, None):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
+        if last_resort is not None:
+            try:
+                os.killpg(pgid, last_resort)
+            except ProcessLookupError:
+                return
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -253,6 +273,7 @@ class LocalFlinkCluster:
             if record is None:
                 continue
             stop_process_group(record["pid"])
+            _wait_for_group(record["pid"])
             messages.append(f"Flink {name} stopped (pid {record['pid']})")
         return messages
 

@@ -148,3 +148,55 @@ def test_runs_recorded_before_kinds_and_lengths_were_told_apart_are_described_as
     assert (runs["old-short"]["job_kind"], runs["old-short"]["length"]) == ("datastream", "short")
     assert (runs["old-long"]["job_kind"], runs["old-long"]["length"]) == ("datastream", "long")
     assert (runs[grids.sql()[0].run_id]["job_kind"], runs[grids.sql()[0].run_id]["length"]) == ("sql", "short")
+
+
+@pytest.mark.slow
+def test_a_real_flink_120_sql_join_leaks_in_the_vertex_flink_named(tmp_path):
+    """Real Flink 1.20 (its own virtualenv and cluster folder, created on first use), a SQL join
+    without TTL: the ground truth names the join's vertex as Flink's planner named it."""
+    from infra.embedded_stack import free_port, port_in_use
+
+    config = load_config(environ={"SENTINEL_STATE_DIR": str(tmp_path / "state")}, base_dir=tmp_path)
+    config.lab.flink_version = "1.20.5"
+    config.lab.flink_venv = PROJECT_ROOT / ".venv-flink-1.20.5"
+    config.lab.rest_port, config.lab.rpc_port = free_port(), free_port()
+    config.lab.taskmanager_memory = "2048m"
+    config.lab.datasets_dir = tmp_path / "lab"
+    lines: list[str] = []
+
+    run = lab.run_lab(config, "sql_join_leak", duration="50s", dataset=tmp_path / "dataset", interval_s=3.0,
+                      publish_to_kafka=False, progress=lines.append)
+
+    assert run.variant.run_id == "sql_join_leak-v1.20.5" and run.variant.kind == SQL
+    names = {e["vertex_name"] for e in run.events if e["kind"] == "vertex_metrics"}
+    join = [name for name in names if name.startswith("Join[")]
+    assert len(join) == 1 and " -> " in join[0] and any(name.startswith("Source: orders[") for name in names), names
+    fault = run.truth["faults"][0]
+    assert (fault["family"], fault["vertex_name"]) == ("state_leak", join[0])
+    sizes = [e["state_size_bytes"] for e in run.events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED"]
+    assert len(sizes) >= 5 and sizes[-1] > 2 * sizes[0] > 0, lines
+    manifest = json.loads((tmp_path / "dataset" / "manifest.json").read_text())
+    entry = manifest["runs"][run.variant.run_id]
+    assert (entry["flink_version"], entry["job_kind"], entry["length"]) == ("1.20.5", "sql", "short")
+    assert cluster_root(config) == config.state_dir / "flink-1.20.5"
+    assert not port_in_use("127.0.0.1", config.lab.rest_port)
+
+
+def test_the_cli_lists_several_grids_for_a_version_and_merges_a_recorded_folder(tmp_path):
+    from tests.test_cli import run_sentinel
+
+    env = {"SENTINEL_STATE_DIR": str(tmp_path / "state")}
+    listed = run_sentinel("lab", "--grid", "long,sql", "--flink-version", "1.20.5", "--list", "--dataset",
+                          str(tmp_path / "none"), "--only", "*-d38m-*,sql_skew*", env=env)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert len(rows) == 6 and all(row[0].endswith("-v1.20.5") for row in rows)
+    assert sorted(row[2] for row in rows) == ["datastream"] * 4 + ["sql"] * 2
+    unknown = run_sentinel("lab", "--grid", "long,oops", "--list", env=env)
+    assert unknown.returncode != 0 and "unknown grid 'oops'" in unknown.stderr
+
+    variant = grids.sql(version="1.20.5")[0]
+    _record(tmp_path / "recorded", variant, "c" * 32, 1000)
+    merged = run_sentinel("lab", "--merge-from", str(tmp_path / "recorded"), "--dataset", str(tmp_path / "corpus"), env=env)
+    assert merged.returncode == 0 and "added 1 runs" in merged.stdout, merged.stderr
+    assert lab.recorded_runs(tmp_path / "corpus") == {variant.run_id}
