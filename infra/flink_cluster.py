@@ -145,6 +145,7 @@ class LocalFlinkCluster:
             "taskmanager.bind-host": "127.0.0.1",
             "taskmanager.numberOfTaskSlots": lab.taskmanager_slots,
             "taskmanager.memory.process.size": lab.taskmanager_memory,
+            "taskmanager.memory.jvm-metaspace.size": lab.taskmanager_metaspace,
             "rest.address": "127.0.0.1",
             "rest.bind-address": "127.0.0.1",
             "rest.port": lab.rest_port,

@@ -513,6 +513,9 @@ class LabConfig(_Strict):
                                                          "by side while their parallelism fits.")
     jobmanager_memory: str = "1024m"
     taskmanager_memory: str = "4096m"
+    taskmanager_metaspace: str = Field("1024m", description="The TaskManager's JVM metaspace: every PyFlink job loads "
+                                                            "its classes again, and Flink's 256m default runs out "
+                                                            "after about ten jobs on one TaskManager.")
     startup_timeout_s: float = Field(90.0, gt=0)
     datasets_dir: LocalPath | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
     corpus_dir: LocalPath | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
