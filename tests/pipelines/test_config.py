@@ -167,6 +167,37 @@ def test_the_documented_example_file_is_the_defaults():
     assert load_config(example, environ={}) == load_config(environ={}, base_dir=example.parent)
 
 
+def _model_keys(model: type, prefix: str = "") -> set[str]:
+    from pydantic import BaseModel
+
+    keys = set()
+    for name, field in model.model_fields.items():
+        keys.add(prefix + name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys |= _model_keys(field.annotation, f"{prefix}{name}.")
+    return keys
+
+
+def _file_keys(document: dict, prefix: str = "") -> set[str]:
+    keys = set()
+    for name, value in document.items():
+        keys.add(prefix + name)
+        if isinstance(value, dict):
+            keys |= _file_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def test_the_example_file_lists_every_key_of_the_config_models():
+    import yaml
+
+    from pipelines.config import SentinelConfig
+    from tests.conftest import PROJECT_ROOT
+
+    listed = _file_keys(yaml.safe_load((PROJECT_ROOT / "infra" / "sentinel.example.yaml").read_text()))
+    assert sorted(_model_keys(SentinelConfig) - listed) == []  # a key the example does not show
+    assert sorted(listed - _model_keys(SentinelConfig)) == []
+
+
 def test_collector_clusters_are_checked_and_paths_resolved(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text("collector:\n  clusters:\n    - {name: prod-eu, rest_url: 'http://flink-jm:8081/'}\n")
