@@ -46,6 +46,20 @@ def sys_s() -> float:
     return os.times().system
 
 
+def runqueue_wait_s() -> float | None:
+    """Seconds this process's threads were ready to run but waited for a CPU (the scheduler's
+    accounting): what a machine shared with other work costs the collector in wall time. None
+    where the kernel does not keep that account (its schedstat reads zeros)."""
+    ran = waited = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "schedstat").read_text().split()
+            ran, waited = ran + int(fields[0]), waited + int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return waited / 1e9 if ran else None
+
+
 def start_fleet(args, port: int) -> list[subprocess.Popen]:
     epoch_ms = int(time.time() * 1000)
     servers = []
@@ -99,7 +113,7 @@ class Cycles:
         if self.second is None:
             self.second = result
             self.rss_after_first, self.cpu_after_first, self.wall_after_first = rss_mib(), cpu_s(), time.monotonic()
-            self.sys_after_first = sys_s()
+            self.sys_after_first, self.waited_after_first = sys_s(), runqueue_wait_s()
             return
         self.durations.append(result.duration_s)
         self.requests += result.requests
@@ -204,6 +218,8 @@ def main() -> None:
             cycles = (run_old if args.tree else run_new)(args, config, publish)
             wall, cpu = time.monotonic() - cycles.wall_after_first, cpu_s() - cycles.cpu_after_first
             kernel = sys_s() - cycles.sys_after_first
+            waited_now = runqueue_wait_s()
+            waited = None if waited_now is None else waited_now - cycles.waited_after_first
             rss_end = rss_mib()
         finally:
             close()
@@ -237,6 +253,9 @@ def main() -> None:
     print(f"CPU: {cpu:.1f}s ({kernel:.1f}s of it in the kernel: the sockets, loopback's both ends included) = "
           f"{cpu / job_polls * 1000:.2f} ms per job-poll, {figures['cpu_cores']:.2f} cores; "
           f"replay server: {served['cpu_s']:.1f}s for {served['requests']} requests")
+    print(f"waited for a CPU while ready to run (other work on the machine): "
+          f"{'not accounted by this kernel' if waited is None else f'{waited:.0f}s of {wall:.0f}s'}; "
+          f"load average at the end {os.getloadavg()[0]:.1f}")
     print(f"RSS: {figures['rss_start_mib']:.0f} MiB after the start-up cycles, {figures['rss_end_mib']:.0f} MiB at the end")
     print(f"events: {cycles.events} = {figures['events_per_s']:.0f}/s")
     print(json.dumps(figures))
