@@ -106,12 +106,15 @@ def merge_runs(source: Path, target: Path) -> list[str]:
     return sorted(runs)
 
 
-def unsound(variant: LabVariant, events: Sequence[dict]) -> str | None:
-    """Why a recorded run does not show its scenario (the lab failed, not the job), or None."""
+def unsound(variant: LabVariant, events: Sequence[dict], cancelled_at: int | None = None) -> str | None:
+    """Why a recorded run does not show its scenario (the lab failed, not the job), or None. A
+    restart after the lab asked the job to stop (Flink 1.20 restarts a job whose stop-with-savepoint
+    failed) is the lab ending the run, not the scenario."""
     completed = sum(1 for e in events if e["kind"] == "checkpoint" and e["status"] == "COMPLETED")
     if completed < 3:
         return f"only {completed} completed checkpoints"
-    restarts = max((e["num_restarts"] for e in events if e["kind"] == "job_status"), default=0)
+    restarts = max((e["num_restarts"] for e in events if e["kind"] == "job_status"
+                    and (cancelled_at is None or e["ts"] < cancelled_at)), default=0)
     if restarts and not variant.job_args.get("fail-after-s") and "fail-onset-ms" not in variant.onset_args:
         return f"{restarts} restarts the scenario does not cause"
     return None
@@ -367,7 +370,7 @@ class LabSession:
                     if finished:
                         del active[job_id]
                         events = by_job.pop(job_id, [])
-                        problem = unsound(run.variant, events)
+                        problem = unsound(run.variant, events, run.cancelled_at)
                         if problem and run.variant.run_id not in retried:
                             retried.add(run.variant.run_id)
                             pending.insert(0, run.variant)

@@ -200,3 +200,19 @@ def test_the_cli_lists_several_grids_for_a_version_and_merges_a_recorded_folder(
     merged = run_sentinel("lab", "--merge-from", str(tmp_path / "recorded"), "--dataset", str(tmp_path / "corpus"), env=env)
     assert merged.returncode == 0 and "added 1 runs" in merged.stdout, merged.stderr
     assert lab.recorded_runs(tmp_path / "corpus") == {variant.run_id}
+
+
+def test_a_restart_after_the_lab_asked_the_job_to_stop_does_not_make_the_run_unsound():
+    # Flink 1.20 restarts a job whose stop-with-savepoint failed (its checkpoints were timing out):
+    # that is the lab ending the run, not the scenario misbehaving.
+    job_id = "f" * 32
+    checkpoints = [_checkpoint_event(job_id, ts) for ts in (10, 20, 30)]
+    statuses = [{"kind": "job_status", "job_id": job_id, "ts": ts, "num_restarts": r} for ts, r in ((25, 0), (45, 1))]
+    timeout = grids.corpus()[0].with_(run_id="t", faults=())
+    assert lab.unsound(timeout, checkpoints + statuses, cancelled_at=40) is None
+    assert lab.unsound(timeout, checkpoints + statuses, cancelled_at=50) == "1 restarts the scenario does not cause"
+    assert lab.unsound(timeout, checkpoints + statuses) == "1 restarts the scenario does not cause"
+
+
+def _checkpoint_event(job_id: str, ts: int) -> dict:
+    return {"kind": "checkpoint", "job_id": job_id, "ts": ts, "status": "COMPLETED"}
