@@ -142,8 +142,9 @@ def run_new(args, config, publish) -> Cycles:
                 if next_minute is None:  # minutes counted from the end of the first cycle
                     next_minute, cpu_minute = now + 60, cpu_s()
                 elif now >= next_minute:
+                    last = f"{cycles.durations[-1]:.2f}s" if cycles.durations else "a start-up cycle"
                     cycles.minutes.append(f"minute {len(cycles.minutes) + 1}: {(cpu_s() - cpu_minute) / 60:.2f} cores, "
-                                          f"RSS {rss_mib():.0f} MiB, last cycle {cycles.durations[-1]:.2f}s")
+                                          f"RSS {rss_mib():.0f} MiB, last cycle {last}")
                     print(cycles.minutes[-1], flush=True)
                     next_minute, cpu_minute = next_minute + 60, cpu_s()
                 await asyncio.sleep(max(0.0, args.interval - (now - cycle_started)))
