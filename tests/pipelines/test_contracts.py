@@ -26,12 +26,14 @@ INCIDENT_EXAMPLE = {
     # Optional (additive to v1): the effects folded into this incident.
     "symptoms": [{"family": "checkpoint_failure", "first_at": 1_700_000_130_000,
                   "evidence": {"features": {"checkpoint_failed_fraction": 0.25}}}],
+    "resolution": "job_gone",
 }
 
 DEAD_LETTER_EXAMPLE = {
     "reason": "malformed_json", "error": "Expecting value: line 1 column 1 (char 0)",
     "source_topic": "flink.metrics", "partition": 2, "offset": 981, "kafka_timestamp": 1_700_000_000_000,
-    "key": "prod-eu/" + "a" * 32, "value": "not json", "value_encoding": "utf-8",
+    "key": "prod-eu/" + "a" * 32, "key_encoding": "utf-8", "key_sha256": "0" * 64, "value": "not json",
+    "value_encoding": "utf-8", "value_bytes": 8, "value_sha256": "1" * 64, "value_truncated": False,
 }
 
 
