@@ -22,6 +22,8 @@ from typing import Callable
 import orjson
 from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
 
+from pipelines.io.kafka_clients import close_quietly
+
 log = logging.getLogger(__name__)
 
 TOO_LARGE = (MessageSizeTooLargeError, RecordListTooLargeError)
@@ -182,12 +184,8 @@ class DeadLetterSpool:
             return self._send_one(letter, without_value=True)
 
     def _reset_producer(self) -> None:
-        if self._producer is not None:
-            try:
-                self._producer.close(timeout=5)
-            except Exception:  # the broker is why we are here
-                pass
-            self._producer = None
+        close_quietly(self._producer)
+        self._producer = None
 
     def _update_pending(self) -> None:
         if self.metrics is not None:

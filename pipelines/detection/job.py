@@ -128,12 +128,8 @@ class DetectionSinks:
             future.get(timeout=30)  # raise here rather than lose one
 
     def _close_producer(self) -> None:
-        if self._producer is not None:
-            try:
-                self._producer.close(timeout=5)
-            except Exception:  # the broker is why we are here
-                pass
-            self._producer = None
+        kafka_clients.close_quietly(self._producer)
+        self._producer = None
 
     def _count(self, batch_id: int, rows: list, letters: list, incidents: list[dict]) -> None:
         self.incidents_published += len(incidents)

@@ -139,6 +139,16 @@ def make_producer(
     return _bootstrapped(bootstrap_servers, lambda: KafkaProducer(**kwargs))
 
 
+def close_quietly(producer: KafkaProducer | None, timeout_s: float = 5.0) -> None:
+    """Close a producer whose broker may be gone: what it still held is given up on (its sender
+    sends it again), and no error of the broker's is raised here."""
+    if producer is not None:
+        try:
+            producer.close(timeout=timeout_s)
+        except Exception:  # the broker is why the producer is being closed
+            pass
+
+
 def make_admin(bootstrap_servers: str | list[str], client_options: Mapping[str, Any] = {}) -> KafkaAdminClient:
     return _bootstrapped(bootstrap_servers, lambda: KafkaAdminClient(**_common(bootstrap_servers, client_options)))
 

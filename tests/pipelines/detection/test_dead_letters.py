@@ -11,20 +11,11 @@ import orjson
 from pipelines.detection.dead_letters import DeadLetterSpool
 from pipelines.io import kafka_clients
 from pipelines.telemetry import DetectionMetrics
-from tests.pipelines.detection.helpers import wait_for
+from tests.pipelines.detection.helpers import read_topic, wait_for
 
 
 def _letters(n: int, start: int = 0) -> list[tuple[str, bytes]]:
     return [(f"bad/{i}", orjson.dumps({"reason": "malformed_json", "offset": i})) for i in range(start, start + n)]
-
-
-def _read(config, topic: str) -> list[dict]:
-    kafka = config.kafka
-    consumer = kafka_clients.make_consumer(kafka.bootstrap_servers, kafka.client_kwargs())
-    try:
-        return [orjson.loads(r.value) for r in kafka_clients.read_records(consumer, topic, timeout_s=20)]
-    finally:
-        consumer.close()
 
 
 def _value(metrics: DetectionMetrics, name: str) -> float:
@@ -54,7 +45,7 @@ def test_letters_wait_while_the_broker_is_unreachable_and_go_out_in_order_when_i
         wait_for(lambda: spool.pending() == 0, 60, 0.5)
     finally:
         spool.close(timeout_s=5)
-    assert [letter["offset"] for letter in _read(broker_config, topic)] == [0, 1, 2, 3, 4]
+    assert [letter["offset"] for letter in read_topic(broker_config, topic)] == [0, 1, 2, 3, 4]
     assert _value(metrics, "checkpoint_sentinel_dead_letters_pending") == 0
 
 
@@ -70,7 +61,7 @@ def test_letters_spooled_by_a_job_that_stopped_are_sent_by_the_next_one(broker_c
     restarted = DeadLetterSpool(tmp_path / "spool", topic, lambda: kafka_clients.make_producer(
         kafka.bootstrap_servers, kafka.client_kwargs()))
     assert restarted.drain(30)
-    assert sorted(letter["offset"] for letter in _read(broker_config, topic)) == [0, 1, 2, 3]
+    assert sorted(letter["offset"] for letter in read_topic(broker_config, topic)) == [0, 1, 2, 3]
 
 
 def test_a_letter_too_large_for_the_producer_goes_without_the_records_bytes(broker_config, tmp_path):
@@ -82,6 +73,6 @@ def test_a_letter_too_large_for_the_producer_goes_without_the_records_bytes(brok
     large = {"reason": "malformed_json", "offset": 0, "value": "x" * 80_000, "value_bytes": 80_000}
     spool.put(0, [("big", orjson.dumps(large))] + _letters(2, start=1))
     assert spool.drain(30)
-    got = _read(broker_config, topic)
+    got = read_topic(broker_config, topic)
     assert [letter["offset"] for letter in got] == [0, 1, 2]
     assert got[0]["value"] is None and got[0]["value_truncated"] is True and got[0]["value_bytes"] == 80_000
