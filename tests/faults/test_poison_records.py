@@ -20,6 +20,7 @@ from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import fleet, fleet_events, opened, read_topic, wait_for, write_jsonl
+from tests.pipelines.test_telemetry import scrape
 
 LETTER_LIMIT = 100_000  # bytes: far below the producer's 1 MiB request limit
 
@@ -40,18 +41,12 @@ def _poison(event: dict) -> list[tuple[bytes, bytes, str]]:
     ]
 
 
-def _scraped(url: str) -> dict[str, float]:
-    from urllib.request import urlopen
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[sample.name] = values.get(sample.name, 0.0) + sample.value
-    return values
+def _totals(url: str) -> dict[str, float]:
+    """Each metric of the job's /metrics summed over its labels."""
+    totals: dict[str, float] = {}
+    for (name, _), value in scrape(url).items():
+        totals[name] = totals.get(name, 0.0) + value
+    return totals
 
 
 def test_poison_records_become_bounded_dead_letters_and_the_job_goes_on(spark, broker_config, trained_store,
@@ -89,7 +84,7 @@ def test_poison_records_become_bounded_dead_letters_and_the_job_goes_on(spark, b
         wait_for(caught_up, 300, 1.0)
         time.sleep(3)  # another trigger or two: the job is still running after the poison
         assert job.query.isActive and job.query.exception() is None
-        scraped = _scraped(job.metrics_server.url)
+        scraped = _totals(job.metrics_server.url)
     finally:
         job.stop()
 
