@@ -53,7 +53,9 @@ class DeadLetterSpool:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._update_pending()
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._moved(self._count_on_disk())  # what an earlier run left
 
     # --- the micro-batch's side ---------------------------------------------------------------
 
@@ -69,11 +71,14 @@ class DeadLetterSpool:
             handle.flush()
             os.fsync(handle.fileno())
         tmp.replace(path)
-        self._update_pending()
+        self._moved(len(letters))
         self._wake.set()
 
     def pending(self) -> int:
         """Letters in the spool that the topic has not acknowledged yet."""
+        return self._pending
+
+    def _count_on_disk(self) -> int:
         count = 0
         for path in self._files():
             try:
@@ -147,14 +152,13 @@ class DeadLetterSpool:
                             "sent again; incidents are not held back", self.topic, len(lines), message, self.folder)
             self.last_error = message
             self._reset_producer()
-            self._update_pending()
             return False
         path.unlink(missing_ok=True)
         self.sent += len(lines)
         if self.last_error is not None:
             log.info("the dead-letter topic %s takes dead letters again", self.topic)
             self.last_error = None
-        self._update_pending()
+        self._moved(-len(lines))
         return True
 
     def _send(self, letters: list[dict]) -> None:
@@ -187,9 +191,12 @@ class DeadLetterSpool:
         close_quietly(self._producer)
         self._producer = None
 
-    def _update_pending(self) -> None:
-        if self.metrics is not None:
-            self.metrics.dead_letters_pending.set(self.pending())
+    def _moved(self, letters: int) -> None:
+        """Count ``letters`` more (fewer) waiting; the batch's thread and the sender's both move it."""
+        with self._lock:
+            self._pending += letters
+            if self.metrics is not None:
+                self.metrics.dead_letters_pending.set(self._pending)
 
 
 def _key(letter: dict) -> bytes | None:
