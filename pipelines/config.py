@@ -99,9 +99,10 @@ class KafkaSecurityConfig(_Strict):
     ssl_key_password_file: LocalPath | None = Field(None, description="A file holding ssl_key_password.")
     ssl_check_hostname: bool = Field(True, description="Check that the broker's certificate names the host "
                                                        "connected to.")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="The SASL mechanism, with protocol SASL_SSL or SASL_PLAINTEXT.")
+    sasl_username: str | None = Field(None, description="The SASL user.")
+    sasl_password: SecretStr | None = Field(None, description="The SASL user's password (or sasl_password_file).")
     sasl_password_file: LocalPath | None = Field(None, description="A file holding sasl_password.")
 
     # The keys that name files: made absolute against the config's folder, and checked to exist.
@@ -199,7 +200,8 @@ class KafkaConfig(_Strict):
     read_tasks: int | None = Field(None, ge=0, description="Spark tasks each micro-batch of the input is read in, "
                                                            "of about equal size (null: as many as Spark has cores; "
                                                            "0: one per Kafka partition). The python connector only.")
-    fail_on_data_loss: bool = True
+    fail_on_data_loss: bool = Field(True, description="Stop the query when offsets it has not read were deleted or "
+                                                      "the topic was reset; false: log it and skip the lost offsets.")
     connect_timeout_s: float = Field(
         15.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing."
     )
@@ -239,9 +241,10 @@ class KafkaConfig(_Strict):
 
 
 class TopicsConfig(_Strict):
-    input: str = "flink.metrics"
-    incidents: str = "flink.incidents"
-    dead_letter: str = "flink.metrics.dlq"
+    input: str = Field("flink.metrics", description="Flink metric events the collector publishes and the job reads.")
+    incidents: str = Field("flink.incidents", description="Incident events the job publishes (`sentinel alert`, "
+                                                          "`sentinel incidents`, `sentinel report` read them).")
+    dead_letter: str = Field("flink.metrics.dlq", description="Input records the job cannot use, with the reason.")
     feedback: str = Field("flink.incidents.feedback", description="On-call's verdicts on incidents "
                                                                   "(`sentinel feedback`, read by `sentinel train --feedback`).")
 
@@ -249,7 +252,7 @@ class TopicsConfig(_Strict):
 class SparkConfig(_Strict):
     master: str = Field("local[2]", description="Spark's master when `sentinel` starts Spark itself; under "
                                                  "spark-submit (infra/spark_submit_main.py) its --master wins.")
-    app_name: str = "checkpoint-sentinel"
+    app_name: str = Field("checkpoint-sentinel", description="Spark's application name.")
     checkpoint_location: StorageLocation | None = Field(
         None, description="Root folder, a path or a URI (s3://, gs://, hdfs://; default <state_dir>/checkpoints); "
                           "each query checkpoints in its own sub-folder named after it, the detection query's "
@@ -261,13 +264,15 @@ class SparkConfig(_Strict):
                                                          "local[2], 2,000 jobs: 2 partitions 2.9 s a batch, 4 "
                                                          "partitions 3.9 s). Fixed by the checkpoint once it runs "
                                                          "(the state buckets are spread over the checkpoint's).")
-    driver_memory: str = "2g"
-    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = "WARN"
-    ui_enabled: bool = False
+    driver_memory: str = Field("2g", description="The driver's memory when `sentinel` starts Spark itself.")
+    log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = Field("WARN", description="Spark's log level.")
+    ui_enabled: bool = Field(False, description="Serve Spark's web UI.")
     extra_conf: dict[str, str] = Field(default_factory=dict, description="Any other spark.* settings.")
 
 
 class ModelNames(_Strict):
+    """The registered model of each family's detector."""
+
     state_leak: str = "sentinel-state-leak"
     backpressure: str = "sentinel-backpressure"
     skew: str = "sentinel-skew"
@@ -285,9 +290,10 @@ class MlflowConfig(_Strict):
                           "mlflow-artifacts:/ of a tracking server that serves them). Set on the experiment when "
                           "`sentinel train` creates it. Defaults to <state_dir>/mlflow/artifacts for a local store; "
                           "with an http(s) tracking URI, to the server's own default.")
-    experiment: str = "checkpoint-sentinel"
-    models: ModelNames = Field(default_factory=ModelNames)
-    alias: str = "champion"
+    experiment: str = Field("checkpoint-sentinel", description="The MLflow experiment `sentinel train` logs to.")
+    models: ModelNames = Field(default_factory=ModelNames, description="Registered model name of each family's "
+                                                                       "detector.")
+    alias: str = Field("champion", description="The alias the job loads and follows; the gate moves it.")
 
     @property
     def tracking_server(self) -> bool:
@@ -405,10 +411,11 @@ class StorageConfig(_Strict):
 class StackConfig(_Strict):
     """The embedded local stack that `sentinel up` starts (the broker listens on kafka.bootstrap_servers)."""
 
-    mlflow_host: str = "127.0.0.1"
-    mlflow_port: int = Field(15000, ge=1, le=65535)
-    start_mlflow_server: bool = True
-    startup_timeout_s: float = Field(60.0, gt=0)
+    mlflow_host: str = Field("127.0.0.1", description="Where the embedded MLflow server listens.")
+    mlflow_port: int = Field(15000, ge=1, le=65535, description="Its port (the UI).")
+    start_mlflow_server: bool = Field(True, description="Whether `sentinel up` starts the MLflow server and UI "
+                                                        "(the job opens the sqlite store without it).")
+    startup_timeout_s: float = Field(60.0, gt=0, description="How long `sentinel up` waits for each service.")
 
 
 def _http_url(value: str) -> str:
@@ -507,16 +514,16 @@ class LabConfig(_Strict):
     flink_venv: LocalPath | None = Field(None, description="Virtualenv the lab creates for apache-flink (its "
                                                            "dependencies clash with the main one); default .venv-flink "
                                                            "for the default version, .venv-flink-<version> for others.")
-    rest_port: int = Field(18081, ge=1, le=65535)
-    rpc_port: int = Field(16123, ge=1, le=65535)
+    rest_port: int = Field(18081, ge=1, le=65535, description="The lab cluster's REST port (on loopback).")
+    rpc_port: int = Field(16123, ge=1, le=65535, description="The lab cluster's RPC port (on loopback).")
     taskmanager_slots: int = Field(8, ge=2, description="Slots of the lab's TaskManager: a grid runs jobs side "
                                                          "by side while their parallelism fits.")
-    jobmanager_memory: str = "1024m"
-    taskmanager_memory: str = "4096m"
+    jobmanager_memory: str = Field("1024m", description="The lab JobManager's process memory.")
+    taskmanager_memory: str = Field("4096m", description="The lab TaskManager's process memory.")
     taskmanager_metaspace: str = Field("1024m", description="The TaskManager's JVM metaspace: every PyFlink job loads "
                                                             "its classes again, and Flink's 256m default runs out "
                                                             "after about ten jobs on one TaskManager.")
-    startup_timeout_s: float = Field(90.0, gt=0)
+    startup_timeout_s: float = Field(90.0, gt=0, description="How long to wait for the lab cluster to start.")
     datasets_dir: LocalPath | None = Field(None, description="Where lab runs are recorded (default <state_dir>/lab).")
     corpus_dir: LocalPath | None = Field(None, description="The real-Flink corpus (default: data/lab of the checkout): "
                                                            "`sentinel lab --grid` records into it, `sentinel train` "
