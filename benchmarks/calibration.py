@@ -2,10 +2,10 @@
 
 The benchmarks' numbers move with the machine's speed. On this project's shared 2-core machines,
 runs of the same code an hour apart have differed by more than the change under test
-(BENCHMARKS.md, the seventh stop of 2026-11-26). A benchmark prints :func:`calibration_line`
-beside its results, at its start and its end, so that two runs can be told apart by the machine
-as well as by the code. The workload is what the detection's Python spends its time on: small
-dictionaries built and read, float arithmetic, short lists.
+(BENCHMARKS.md, the detection job's history, 2026-11-26, 422f8fd). A benchmark prints
+:func:`calibration_line` beside its results, at its start and its end, so that two runs can be told
+apart by the machine as well as by the code. The workload is what the detection's Python spends
+its time on: small dictionaries built and read, float arithmetic, short lists.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The docs a user reads: README.md and docs/*.md link only to what exists, and the README stays short."""
+"""The docs a user reads: README.md, BENCHMARKS.md and docs/*.md link only to what exists, and the README stays short."""
 
 import re
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 
 README_MAX_LINES = 260
-DOCS = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+DOCS = [PROJECT_ROOT / "README.md", PROJECT_ROOT / "BENCHMARKS.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
