@@ -71,9 +71,8 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # Two glibc malloc arenas for the JVM this starts and the Python workers it forks (glibc
         # reads the variable when a process starts, so this one's own Python keeps its arenas):
         # with glibc's default of eight a core, memory RocksDB frees stays in the arenas and the
-        # JVM's resident memory climbed all run, 2,000 aged jobs: its native part 567 -> 756 MiB
-        # in 10 min, 338 -> 376 (flat) with two, batches no slower (BENCHMARKS.md, 2026-11-29).
-        # A value in the environment wins.
+        # JVM's resident memory climbs all run (BENCHMARKS.md, "The JVM's memory"). A value in the
+        # environment wins.
         os.environ.setdefault("MALLOC_ARENA_MAX", "2")
         builder = (builder.master(spark_cfg.master)
                    .config("spark.driver.memory", spark_cfg.driver_memory)
@@ -98,9 +97,8 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # Spark's checkpoint files on this machine (file:) without Hadoop's .crc file beside each:
         # a micro-batch writes and renames a dozen small files (its offsets, its commit, each
         # partition's state changelog) through Hadoop's FileContext, and the checksummed one
-        # doubled what each cost: a 2,000-job fleet's batch spent 42+86 ms on its offsets and
-        # commit and 86 ms on each changelog with it, 17-20+40-45 and 37-49 ms without
-        # (BENCHMARKS.md). Renames stay atomic (the same call underneath). Only FileContext's:
+        # doubled what each cost (BENCHMARKS.md, the detection job's history, 0b8126f). Renames
+        # stay atomic (the same call underneath). Only FileContext's:
         # RocksDB's snapshot upload needs Hadoop's FileSystem for file: to stay the checksummed
         # LocalFileSystem (it casts it). Other schemes (s3a:) are untouched; spark.extra_conf may
         # set this back.

@@ -3,8 +3,7 @@
 Requests go over a pool of kept-alive connections (aiohttp), at most ``concurrency`` at a time
 per cluster: a poll of hundreds of jobs overlaps its requests instead of paying one round trip
 and one TCP handshake after another, and the JobManager never sees more than that many at once.
-(aiohttp over httpx and urllib3 by measurement: 128 us of CPU per request against 522-1,337 us
-and 175 us; see BENCHMARKS.md.)
+(aiohttp over httpx and urllib3 by measurement: BENCHMARKS.md, "The collector against a fleet".)
 
 Flink's REST API answers JSON; errors come as ``{"errors": [...]}`` with a 4xx or 5xx status.
 Server errors, timeouts and refused connections are retried with exponential backoff (a

@@ -31,7 +31,8 @@ from typing import Iterator
 # task in a 200-job fleet, gc.DEBUG_SAVEALL), collected before anything is frozen. The states a task
 # parses (those another worker wrote last: the two workers swap partitions about every other batch)
 # are frozen as they are made (frozen_as_made): the collections after tasks had walked 22,000-370,000
-# objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md).
+# objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md, the detection
+# job's history, 71e3346).
 COLLECTION_AFTER_S = 0.5  # PySpark's collection, right after the task, comes first as a rule
 RELEASED_AT_ONCE = 50  # stale parsed states freed at once between tasks: a few milliseconds
 GARBAGE_HELD_AT_MOST = 5_000  # stale parsed states (tens of KiB each) left for between tasks

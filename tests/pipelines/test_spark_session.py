@@ -36,8 +36,9 @@ def test_a_local_checkpoint_is_written_without_checksum_files_and_resumes(spark,
 
 def test_the_jvm_and_its_python_workers_run_with_two_malloc_arenas(spark):
     # build_spark caps glibc's arenas for the JVM it starts (a value already in the environment
-    # wins): the JVM's resident memory climbed all run with the default (BENCHMARKS.md). The JVM
-    # and the Python workers it forks must have it in their environment from their start.
+    # wins): the JVM's resident memory climbed all run with the default (BENCHMARKS.md, "The
+    # JVM's memory"). The JVM and the Python workers it forks must have it in their environment
+    # from their start.
     expected = os.environ.get("MALLOC_ARENA_MAX")
     assert expected is not None, "build_spark did not set MALLOC_ARENA_MAX before starting the JVM"
     assert spark.sparkContext._jvm.java.lang.System.getenv("MALLOC_ARENA_MAX") == expected
