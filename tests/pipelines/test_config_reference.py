@@ -30,3 +30,40 @@ def test_types_say_where_a_path_may_live():
     security = fields["kafka"].annotation.model_fields["security"].annotation.model_fields
     assert field_type(security["ssl_key_password"]) == "secret | null"
     assert field_type(fields["spark"].annotation.model_fields["checkpoint_location"]) == "path or URI | null"
+
+
+def _commented_list_items(example: str) -> dict[str, set[str]]:
+    """The keys of the example items shown, commented out, under each empty list of the example
+    config (``job_overrides: []`` then ``#  - job_name: ...``), by the list's key path."""
+    import re
+
+    import yaml
+
+    lines, items, path = example.split("\n"), {}, []
+    for index, line in enumerate(lines):
+        if (key := re.match(r"^( *)(\w+):", line)) is None:
+            continue
+        depth = len(key.group(1)) // 2
+        path = path[:depth] + [key.group(2)]
+        if not line.split("#")[0].rstrip().endswith(": []"):
+            continue
+        block = []
+        for following in lines[index + 1:]:
+            if not following.lstrip().startswith("#  "):
+                break
+            block.append(following.replace("#", " ", 1))
+        shown = yaml.safe_load("\n".join(block)) if block else None
+        if isinstance(shown, list) and shown and all(isinstance(item, dict) for item in shown):
+            items[".".join(path)] = set().union(*shown)
+    return items
+
+
+def test_the_example_config_shows_every_key_of_a_list_item():
+    example = (PROJECT_ROOT / "infra" / "sentinel.example.yaml").read_text()
+    item_keys = {}
+    for key in documented_keys():
+        if "[]." in key:
+            list_key, _, field = key.partition("[].")
+            item_keys.setdefault(list_key, set()).add(field)
+    assert item_keys.keys() == {"detection.job_overrides", "collector.clusters"}
+    assert _commented_list_items(example) == item_keys
