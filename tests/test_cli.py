@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 
 from tests.conftest import PROJECT_ROOT
-
-
-def run_sentinel(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=PROJECT_ROOT,
-                          env={**clean, **env}, capture_output=True, text=True, timeout=timeout)
+from tests.helpers.cli import environment_without_settings, run_sentinel
 
 
 def test_unreachable_broker_stops_with_what_to_fix(tmp_path):
@@ -33,9 +27,8 @@ def test_a_setup_error_is_told_without_importing_what_the_command_never_used(tmp
     scikit-learn or Great Expectations on the way (their import took 10 of its 13 CPU s)."""
     code = ("import sys; from pipelines.cli import main; code = main(['selfcheck']); "
             "print(code, sorted(m for m in ('mlflow', 'sklearn', 'great_expectations') if m in sys.modules))")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
     result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120,
-                            env={**clean, "SENTINEL_STATE_DIR": str(tmp_path),
+                            env={**environment_without_settings(), "SENTINEL_STATE_DIR": str(tmp_path),
                                  "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": "127.0.0.1:9",
                                  "SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "2"})
     assert result.stdout.strip() == "1 []", result.stderr[-2000:]

@@ -11,6 +11,7 @@ from feature_store.compute import batch_features, event_frame
 from feature_store.definitions import FEATURE_NAMES
 from feature_store.job_features import features_for_events
 from pipelines import simulator
+from tests.helpers.events import as_a_collector_reports
 
 
 def keyed(rows):
@@ -26,23 +27,6 @@ def assert_same_features(actual: dict, expected: dict):
                 assert a is None or (isinstance(a, float) and math.isnan(a)), (key, name, a)
             else:
                 assert a == b, (key, name, a, b)
-
-
-def as_a_collector_reports(events: list[dict], poll_ms: int = 5_000) -> list[dict]:
-    """Each checkpoint arriving after its job's events of the next ``poll_ms``, as a collector
-    polling that often reports it (measured on the lab's real Flink: 2.6-5 s behind)."""
-    out: list[dict] = []
-    held: list[dict] = []
-    for event in events:
-        due = [c for c in held if c["job_id"] != event["job_id"] or c["ts"] + poll_ms < event["ts"]]
-        if due:
-            held = [c for c in held if c not in due]
-            out.extend(due)
-        if event["kind"] == "checkpoint":
-            held.append(event)
-        else:
-            out.append(event)
-    return out + held
 
 
 def test_the_spark_batch_path_is_the_python_definition_in_arrival_order(spark):

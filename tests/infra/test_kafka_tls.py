@@ -22,9 +22,9 @@ from infra.embedded_stack import free_port, port_in_use, stop_process_group, tan
 from pipelines.config import SentinelConfig, TopicsConfig, load_config
 from pipelines.io import kafka_clients
 from tests.conftest import debian_binary
+from tests.helpers.cli import run_sentinel
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
 from tests.pipelines.detection.helpers import fleet_events, fleet, publish, read_topic
-from tests.test_cli import run_sentinel
 
 # Unique, so that finding it anywhere can only mean it leaked.
 KEY_PASSWORD = f"tls-key-password-{uuid.uuid4().hex}"

@@ -22,7 +22,8 @@ from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
 from pipelines.feedback import give, load_fleet_feedback
 from pipelines.io import kafka_clients
 from tests.conftest import LAB_CORPUS, LAB_LEAK_RUN, LAB_SKEW_RUN, TRAINING_GRID, first_opened
-from tests.test_cli import run_sentinel
+from tests.helpers.cli import run_sentinel
+from tests.helpers.topics import publish_incidents
 
 
 @pytest.fixture
@@ -36,11 +37,7 @@ def fleet(lab_replay, broker_config, trained_store):
     config.topics.incidents, config.topics.feedback = f"incidents-{suffix}", f"feedback-{suffix}"
     kafka = config.kafka
     kafka_clients.ensure_topics(kafka.bootstrap_servers, kafka.client_kwargs(), [config.topics.incidents], 3)
-    producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
-    for incident in result.incidents:
-        producer.send(config.topics.incidents, key=incident["incident_id"].encode(), value=json.dumps(incident).encode())
-    producer.flush()
-    producer.close()
+    publish_incidents(kafka, config.topics.incidents, result.incidents)
     live = Path(config.features.offline_path) / "live"
     append_feature_log(result.rows, live, batch_id=0)
     yield config, result, runs

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import time
-import urllib.request
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines.collector import PollResult
 from pipelines.telemetry import BatchProgress, CollectorMetrics, DetectionMetrics, serve
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+from tests.helpers.metrics import scrape
 
 
 def test_the_detection_job_s_metrics_are_served_and_count_what_happened():

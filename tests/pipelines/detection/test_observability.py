@@ -5,13 +5,13 @@ registry /metrics serves, with how far the newest event is behind."""
 import time
 
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQueryListener
 
 from pipelines.detection.observability import MetricsListener, ProgressListener, checkpointed_newest_event_s
 from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics
+from tests.helpers.metrics import metric_names, samples
 from tests.pipelines.detection.helpers import wait_for
 
 
@@ -100,9 +100,8 @@ def test_the_metrics_listener_writes_the_served_registry_with_the_newest_event_s
     finally:
         spark.streams.removeListener(listener)
     written = listener.path.read_text()
-    assert names(written) == names(generate_latest(metrics.registry).decode())  # one registry, both outputs
-    scraped = {(s.name, tuple(s.labels.items())): s.value
-               for family in text_string_to_metric_families(written) for s in family.samples}
+    assert metric_names(written) == metric_names(generate_latest(metrics.registry).decode())  # one registry, both outputs
+    scraped = samples(written)
     query_label = (("query", "listened"),)
     assert scraped[("checkpoint_sentinel_newest_event_timestamp_seconds", query_label)] == newest_ms / 1000
     assert 90 <= scraped[("checkpoint_sentinel_event_lag_seconds", query_label)] < 150
@@ -112,7 +111,3 @@ def test_the_metrics_listener_writes_the_served_registry_with_the_newest_event_s
     # Restarted onto a quiet input, the job knows the newest event from its checkpoint's watermark.
     assert checkpointed_newest_event_s(Location.of(tmp_path / "checkpoint"), 5 * 60_000) == newest_ms / 1000
     assert checkpointed_newest_event_s(Location.of(tmp_path / "no-checkpoint"), 5 * 60_000) is None
-
-
-def names(text: str) -> set[str]:
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}

@@ -183,7 +183,7 @@ def test_a_real_flink_120_sql_join_leaks_in_the_vertex_flink_named(tmp_path):
 
 
 def test_the_cli_lists_several_grids_for_a_version_and_merges_a_recorded_folder(tmp_path):
-    from tests.test_cli import run_sentinel
+    from tests.helpers.cli import run_sentinel
 
     env = {"SENTINEL_STATE_DIR": str(tmp_path / "state")}
     listed = run_sentinel("lab", "--grid", "long,sql", "--flink-version", "1.20.5", "--list", "--dataset",
