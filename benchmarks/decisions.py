@@ -26,8 +26,8 @@ from models.evaluation import replay_incidents
 from models.post_rule import PostRule
 from models.registry import LoadedDetector
 from pipelines import simulator
-from pipelines.detection import policy
 from pipelines.families import FAMILIES, LOCALISED
+from pipelines.incidents import policy
 
 
 def main() -> None:

@@ -52,9 +52,9 @@ from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from benchmarks.fleet_publisher import encoded, publish, target  # noqa: E402
+from pipelines.detection.champions import ChampionCache  # noqa: E402
 from pipelines.detection.job import start_detection  # noqa: E402
 from pipelines.detection.observability import ProgressListener  # noqa: E402
-from pipelines.detection.scoring import ChampionCache  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
 from pipelines.io.kafka_stream import process_all_published  # noqa: E402
 from pipelines.spark_session import build_spark  # noqa: E402

@@ -40,9 +40,9 @@ from benchmarks.fleet_publisher import encoded  # noqa: E402
 from benchmarks.hot_path import records_by_job  # noqa: E402
 from pipelines import simulator  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
+from pipelines.detection.champions import ChampionCache  # noqa: E402
 from pipelines.detection.flink_job import FlinkJobState, ReadRules, decide, feature_frame, job_key  # noqa: E402
-from pipelines.detection.policy import PolicySettings  # noqa: E402
-from pipelines.detection.scoring import ChampionCache  # noqa: E402
+from pipelines.incidents.policy import PolicySettings  # noqa: E402
 
 MINUTE = 60_000
 PHASES = ("parse", "read", "decide", "write")

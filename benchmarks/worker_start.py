@@ -26,8 +26,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 from benchmarks.calibration import calibration_line  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
+from pipelines.detection.champions import ChampionCache  # noqa: E402
 from pipelines.detection.processor import load_models_on_workers  # noqa: E402
-from pipelines.detection.scoring import ChampionCache  # noqa: E402
 from pipelines.spark_session import build_spark  # noqa: E402
 
 

@@ -4,8 +4,8 @@
   (for the MLflow log and the static baseline's row-level comparison).
 * Incident level: the rows of labelled runs are scored, decided and turned into incidents by the
   **same** post-rules and incident policy the live job runs (:func:`replay_incidents` calls
-  :func:`pipelines.detection.policy.step`), and the incidents are judged against the runs'
-  ground truth by :func:`pipelines.detection.report.compare`: faults found (as an incident or a
+  :func:`pipelines.incidents.policy.step`), and the incidents are judged against the runs'
+  ground truth by :func:`pipelines.incidents.comparison.compare`: faults found (as an incident or a
   symptom), on the right vertex, delays, false incidents, false families. There is no second
   implementation of either.
 """
@@ -22,10 +22,10 @@ import pandas as pd
 from models.baseline import StaticAlarm
 from models.detectors import rows_for
 from models.registry import LoadedDetector
-from pipelines.detection import policy
-from pipelines.detection.report import Comparison, compare
-from pipelines.detection.scoring import score_rows
 from pipelines.families import EXPLAINED_BY, FAMILIES
+from pipelines.incidents import policy
+from pipelines.incidents.comparison import Comparison, compare
+from pipelines.incidents.scoring import score_rows
 
 DAY_MS = 86_400_000
 

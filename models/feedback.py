@@ -25,8 +25,8 @@ import pandas as pd
 from models.detectors import FAMILY_LEVEL, rows_for
 from models.evaluation import replay_incidents
 from models.registry import LoadedDetector
-from pipelines.detection import policy
 from pipelines.families import ANOMALY, LOCALISED
+from pipelines.incidents import policy
 
 FALSE_POSITIVE = "false_positive"
 CONFIRMED = "confirmed"

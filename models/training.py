@@ -45,10 +45,10 @@ from models.post_rule import PostRule
 from models.registry import LoadedDetector
 from models.validation import TrainingSetInvalid, validate_training_set
 from pipelines.config import SentinelConfig
-from pipelines.detection.policy import PolicySettings
-from pipelines.detection.report import Comparison
 from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EXPLAINED_BY, FAMILIES, SKEW, STATE_LEAK,
                                 SUPERVISED)
+from pipelines.incidents.comparison import Comparison
+from pipelines.incidents.policy import PolicySettings
 
 DEFAULT_GRID = {"learning_rate": (0.05, 0.15), "max_depth": (3, 6)}
 ANOMALY_GRID = {"n_estimators": (100, 300)}  # the novelty detector has other knobs
@@ -344,7 +344,7 @@ def _anomaly_beside(judged: list, base: LoadedDetector, validation: Runs, settin
 
 
 def _scores(rows: pd.DataFrame, models: dict[str, LoadedDetector]) -> pd.DataFrame:
-    from pipelines.detection.scoring import score_rows
+    from pipelines.incidents.scoring import score_rows
     return score_rows(rows, models)
 
 

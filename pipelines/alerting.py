@@ -52,9 +52,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from pipelines import telemetry
 from pipelines.config import SentinelConfig
-from pipelines.detection.incident_view import page_file
 from pipelines.families import ALERTNAMES
 from pipelines.io import kafka_clients
+from pipelines.reports.incident_view import page_file
 
 log = logging.getLogger(__name__)
 

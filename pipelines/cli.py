@@ -196,7 +196,7 @@ def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
 def _require_champions(config: SentinelConfig, held: bool = False):
     """The champions, loaded; ``held``: the detection job's, which a restart while the registry is
     down resumes with (the copies the job keeps beside its checkpoints)."""
-    from pipelines.detection.scoring import ChampionCache, held_champions
+    from pipelines.detection.champions import ChampionCache, held_champions
 
     cache = ChampionCache(config, held=held_champions(config) if held else None)
     cache.require()
@@ -231,7 +231,7 @@ def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.detection.flink_job import replay
-    from pipelines.detection.report import compare
+    from pipelines.incidents.comparison import compare
 
     for path in args.inputs:
         if not Path(path).is_file():
@@ -259,7 +259,7 @@ def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.datasets import subset
-    from pipelines.detection.backtest import evaluate_dataset, write_report
+    from pipelines.reports.backtest import evaluate_dataset, write_report
 
     dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
     cache = _require_champions(config)
@@ -278,7 +278,7 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
     import json
     from contextlib import closing
 
-    from pipelines.detection.incident_view import HEADER, follow, format_incident
+    from pipelines.reports.incident_view import HEADER, follow, format_incident
 
     # The consumer is closed on any way out, a failed print too: left open, it kept the process alive.
     try:
@@ -297,7 +297,7 @@ def _cmd_incidents(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_feedback(config: SentinelConfig, args: argparse.Namespace) -> int:
-    from pipelines.detection.incident_view import printable
+    from pipelines.display import printable
     from pipelines.feedback import give
 
     record = give(config, args.incident_id, "false_positive" if args.false_positive else "confirmed", args.note,
@@ -315,9 +315,9 @@ def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines.datasets import read_jsonl
-    from pipelines.detection.incident_page import usable_incidents, write_pages
-    from pipelines.detection.incident_view import printable
+    from pipelines.display import printable
     from pipelines.io import kafka_clients
+    from pipelines.reports.incident_page import usable_incidents, write_pages
 
     for path in [*(args.incidents or []), *(args.events or [])]:
         if not Path(path).is_file():
@@ -494,8 +494,8 @@ def _cmd_lab(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pipelines import lab
-    from pipelines.lab.corpus import GRIDS
     from pipelines.config import LabConfig
+    from pipelines.lab.corpus import GRIDS
     from pipelines.lab.scenarios import NAMED
 
     if args.flink_version:
@@ -745,7 +745,7 @@ USER_ERRORS = (("infra.embedded_stack", "StackError"), ("pipelines.io.kafka_clie
                ("pipelines.spark_session", "JavaMissing"), ("models.validation", "TrainingSetInvalid"),
                ("models.registry", "ModelUnavailable"), ("infra.flink_cluster", "FlinkClusterError"),
                ("pipelines.collector.ledger", "LedgerError"), ("pipelines.lab", "LabError"),
-               ("pipelines.alerting", "AlertmanagerUnavailable"), ("pipelines.detection.incident_page", "UnknownIncident"),
+               ("pipelines.alerting", "AlertmanagerUnavailable"), ("pipelines.reports.incident_page", "UnknownIncident"),
                ("pipelines.io.storage", "StorageError"))
 
 

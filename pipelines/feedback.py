@@ -16,8 +16,8 @@ import time
 
 from pipelines.config import SentinelConfig
 from pipelines.contracts import FEEDBACK, SCHEMA_VERSION
-from pipelines.detection.incident_page import UnknownIncident
 from pipelines.io import kafka_clients
+from pipelines.reports.incident_page import UnknownIncident
 
 log = logging.getLogger(__name__)
 

@@ -191,8 +191,8 @@ def lab_replay(trained_store, tmp_path_factory):
     """The three runs replayed with the session's champions: ``(event files, ReplayResult,
     {job_id: run_id})`` (the result's rows are the feature rows the live job would log)."""
     from pipelines.datasets import events_path, read_jsonl, subset
+    from pipelines.detection.champions import ChampionCache
     from pipelines.detection.flink_job import replay
-    from pipelines.detection.scoring import ChampionCache
 
     dataset = subset(LAB_CORPUS, [LAB_LEAK_RUN, LAB_SKEW_RUN, LAB_BACKPRESSURE_RUN],
                      tmp_path_factory.mktemp("lab-runs") / "lab")

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from pipelines import simulator
 from pipelines.config import SentinelConfig
-from pipelines.detection.backtest import config_with_truth_overrides
-from pipelines.detection.incident_view import HEADER, format_incident
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.job import DETECTION_QUERY, start_detection
-from pipelines.detection.report import compare
-from pipelines.detection.scoring import ChampionCache
+from pipelines.incidents.comparison import compare
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import has_read_to, topic_end_offsets
+from pipelines.reports.backtest import config_with_truth_overrides
+from pipelines.reports.incident_view import HEADER, format_incident
 from pipelines.simulator.publish import publish_to_kafka
 
 FLEET_SEED_OFFSET = 1000  # never the jobs the initial models were trained on

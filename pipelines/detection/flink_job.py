@@ -29,9 +29,9 @@ import pandas as pd
 from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.job_features import TERMINAL_STATES, JobFeatureState
 from models.registry import LoadedDetector
-from pipelines.detection import policy
-from pipelines.detection.scoring import score_rows
 from pipelines.detection.validation import DEFAULT_VALUE_BYTES, check_event, dead_letter
+from pipelines.incidents import policy
+from pipelines.incidents.scoring import score_rows
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class FlinkJobState:
 
     def gone(self, rules: ReadRules) -> list[dict]:
         """The job has been silent for the idle timeout: the resolved events of its incidents still
-        open (:func:`~pipelines.detection.policy.resolve_gone`); then it is forgotten."""
+        open (:func:`~pipelines.incidents.policy.resolve_gone`); then it is forgotten."""
         due = self.due(rules)
         if due is None or not policy.any_open(self.policy):
             return []

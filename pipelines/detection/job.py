@@ -28,13 +28,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from models.registry import ModelUnavailable
 from pipelines.config import ConfigError, SentinelConfig
+from pipelines.detection.champions import ChampionCache, record_scoring, scoring_versions
 from pipelines.detection.data_quality import BackgroundValidator, flatten
 from pipelines.detection.dead_letters import DeadLetterSpool
 from pipelines.detection.observability import MetricsListener, checkpointed_newest_event_s
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
 from pipelines.detection.processor import detect, load_models_on_workers
-from pipelines.detection.scoring import ChampionCache, record_scoring, scoring_versions
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location

@@ -16,7 +16,7 @@ so each state key registers a timer due at once, and Spark's timer phase, which 
 input rows in the same task, scores the partition's rows and steps the policy of all its jobs
 (:func:`~pipelines.detection.flink_job.decide`) at the first timer, then gives each key its
 incidents and writes its jobs' states at its own timer. The models are loaded once per Python
-worker and follow their alias (:func:`~pipelines.detection.scoring.worker_champions`).
+worker and follow their alias (:func:`~pipelines.detection.champions.worker_champions`).
 
 A state key is a *bucket* of Flink jobs (``detection.state_buckets``, by a hash of the job), not
 one job: each key costs a handful of round trips to Spark's state server per micro-batch (0.2 to
@@ -53,15 +53,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import MapState, StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from pipelines.detection.champions import models_payload, worker_champions
 from pipelines.detection.flink_job import (FlinkJobState, ReadRules, Reading, Record, decide, feature_frame,
                                            job_key)
 from pipelines.detection.outputs import (DEAD_LETTER, FEATURE_ROWS_PER_PAYLOAD, FEATURES, INCIDENT, LATE, MODELS,
                                          OUTPUT_SCHEMA, SAMPLE, WORKER_SCHEMA, feature_log_writer_ready,
                                          feature_rows_payload)
-from pipelines.detection.policy import PolicySettings, resolve_gone
-from pipelines.detection.scoring import models_payload, worker_champions
 from pipelines.detection.validation import EARLIEST_TS
 from pipelines.detection.worker_gc import COLLECTOR, CollectorBetweenTasks
+from pipelines.incidents.policy import PolicySettings, resolve_gone
 
 STATE_SCHEMA = StructType([StructField("state", BinaryType())])
 JOB_KEY_SCHEMA = StructType([StructField("job", StringType())])

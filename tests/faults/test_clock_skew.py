@@ -16,8 +16,8 @@ import orjson
 import pytest
 
 from pipelines.datasets import events_path, subset
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
-from pipelines.detection.scoring import ChampionCache
 from tests.conftest import LAB_BACKPRESSURE_RUN, LAB_CORPUS, LAB_LEAK_RUN, LAB_SKEW_RUN
 from tests.pipelines.detection.helpers import write_jsonl
 

@@ -27,9 +27,9 @@ import pytest
 
 from infra.embedded_stack import free_port, mlflow_healthy, port_in_use, stop_process_group, tansu_binary
 from pipelines.contracts import input_event_key
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
-from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import fleet, fleet_events, key, publish, read_topic, wait_for, write_jsonl

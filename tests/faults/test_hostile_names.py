@@ -22,14 +22,14 @@ import pytest
 
 from models.post_rule import PostRule
 from pipelines.datasets import read_jsonl, write_jsonl
-from pipelines.detection import policy
-from pipelines.detection.backtest import Evaluation
-from pipelines.detection.report import compare
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
+from pipelines.incidents import policy
+from pipelines.incidents.comparison import compare
 from pipelines.io import kafka_clients
+from pipelines.reports.backtest import Evaluation
 from tests.conftest import LAB_BACKPRESSURE_RUN, LAB_LEAK_RUN, LAB_SKEW_RUN, first_opened
-from tests.pipelines.detection.test_incident_page import Page
-from tests.pipelines.detection.test_policy import rows_and_scores
+from tests.pipelines.incidents.test_policy import rows_and_scores
+from tests.pipelines.reports.test_incident_page import Page
 from tests.test_cli import run_sentinel
 
 MATH = "$x_1_2$"  # mathtext: a double subscript, a ParseFatalException

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from pipelines.contracts import INCIDENT
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
-from pipelines.detection.policy import JOB_GONE
-from pipelines.detection.scoring import ChampionCache
+from pipelines.incidents.policy import JOB_GONE
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import fleet, fleet_events, publish, read_topic, wait_for, write_jsonl
 

@@ -14,9 +14,9 @@ import time
 import orjson
 
 from pipelines.contracts import DEAD_LETTER, input_event_key
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
-from pipelines.detection.scoring import ChampionCache
 from pipelines.io import kafka_clients
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import fleet, fleet_events, opened, read_topic, wait_for, write_jsonl

@@ -23,9 +23,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines import simulator
-from pipelines.detection.job import start_detection
-from pipelines.detection.scoring import ChampionCache
 from pipelines.contracts import input_event_key
+from pipelines.detection.champions import ChampionCache
+from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
 from tests.conftest import PROJECT_ROOT
 from tests.pipelines.detection.conftest import detection_config_for

@@ -22,8 +22,8 @@ import pytest
 
 from infra.embedded_stack import free_port
 from pipelines import simulator
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
-from pipelines.detection.scoring import ChampionCache
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import (MINUTE, fleet_events, fleet, job_environment, opened, publish,
                                                read_topic, wait_for, write_jsonl)

@@ -26,7 +26,7 @@ import pytest
 from infra.embedded_stack import free_port, mlflow_healthy, stop_process_group
 from models.detectors import FAMILY_LEVEL, rows_for
 from models.training import run_training
-from pipelines.detection.scoring import ChampionCache
+from pipelines.detection.champions import ChampionCache
 from pipelines.families import STATE_LEAK
 from tests.conftest import LAB_CORPUS, TRAINING_GRID, config_for, debian_binary
 

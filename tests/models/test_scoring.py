@@ -311,7 +311,8 @@ def test_a_champion_that_fails_to_load_blinds_its_family_alone_and_the_job_repor
     import shutil
 
     from models import registry
-    from pipelines.detection.scoring import ChampionCache, models_payload, record_scoring, score_rows
+    from pipelines.detection.champions import ChampionCache, models_payload, record_scoring
+    from pipelines.incidents.scoring import score_rows
     from pipelines.telemetry import DetectionMetrics
 
     # The state-leak champion's artifacts are gone (a cleaned-up bucket, a lost volume); put back
@@ -321,7 +322,7 @@ def test_a_champion_that_fails_to_load_blinds_its_family_alone_and_the_job_repor
     artifacts.rename(aside)
     try:
         cache = ChampionCache(small_store)
-        with caplog.at_level(logging.ERROR, logger="pipelines.detection.scoring"):
+        with caplog.at_level(logging.ERROR, logger="pipelines.detection.champions"):
             models = cache.require()
     finally:
         aside.rename(artifacts)
@@ -354,7 +355,8 @@ def model_artifacts(name: str, version: str) -> Path:
 
 
 def test_a_champion_that_scores_nan_is_counted_and_its_rows_not_judged_while_the_others_score(small_store):
-    from pipelines.detection.scoring import ChampionCache, models_payload, record_scoring, score_rows
+    from pipelines.detection.champions import ChampionCache, models_payload, record_scoring
+    from pipelines.incidents.scoring import score_rows
     from pipelines.telemetry import DetectionMetrics
 
     cache = ChampionCache(small_store)
@@ -376,7 +378,8 @@ def test_a_champion_that_scores_nan_is_counted_and_its_rows_not_judged_while_the
 
 def test_a_fresh_worker_scores_with_the_jobs_copies_while_the_registry_is_down(small_store, tmp_path, monkeypatch):
     from models.registry import HeldCopies
-    from pipelines.detection.scoring import ChampionCache, score_rows
+    from pipelines.detection.champions import ChampionCache
+    from pipelines.incidents.scoring import score_rows
     from pipelines.io.storage import Location
 
     held = HeldCopies(small_store.checkpoint_dir("champions"))
@@ -401,7 +404,7 @@ def test_a_report_of_a_worker_that_judged_no_row_of_a_family_leaves_its_state_al
     must not make a blind family look scored again (nor log that it is)."""
     import orjson
 
-    from pipelines.detection.scoring import record_scoring
+    from pipelines.detection.champions import record_scoring
     from pipelines.telemetry import DetectionMetrics
 
     def report(judged: int, unscored: int) -> bytes:

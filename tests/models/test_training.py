@@ -120,8 +120,8 @@ def test_the_anomaly_rule_is_calibrated_beside_the_models_it_runs_with(spark, tr
     before its cause is a false family. The calibration counts what the gate counts."""
     from models.evaluation import judge
     from models.training import calibrate_for_incidents, champions, load_splits
-    from pipelines.detection.policy import PolicySettings
     from pipelines.families import ANOMALY
+    from pipelines.incidents.policy import PolicySettings
 
     validation = load_splits(spark, trained_store, [LAB_CORPUS], lambda _: None)["validation"]
     settings = PolicySettings.from_config(trained_store)

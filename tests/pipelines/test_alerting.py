@@ -24,10 +24,10 @@ from infra.embedded_stack import free_port
 from models.post_rule import PostRule
 from pipelines.alerting import AlertRelay, alert_labels
 from pipelines.contracts import INCIDENT
-from pipelines.detection import policy
+from pipelines.incidents import policy
 from pipelines.io import kafka_clients
 from tests.conftest import PROJECT_ROOT, debian_binary
-from tests.pipelines.detection.test_policy import rows_and_scores
+from tests.pipelines.incidents.test_policy import rows_and_scores
 
 SHIPPED_CONFIG = PROJECT_ROOT / "infra" / "alertmanager" / "alertmanager.yml"
 
@@ -472,7 +472,7 @@ def test_a_5xx_is_retried_with_backoff_and_counted_and_nothing_is_rejected(confi
 
 def test_an_incident_url_names_the_page_sentinel_report_writes_for_the_id():
     from pipelines.alerting import to_alert
-    from pipelines.detection.incident_view import page_file
+    from pipelines.reports.incident_view import page_file
 
     url = "https://sentinel.example/incidents/{incident_id}.html"
     plain = {"incident_id": "state_leak-0a1b2c", "summary": "s", "score": 0.9, "severity": "warning",

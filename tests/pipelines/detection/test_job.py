@@ -13,10 +13,10 @@ import time
 import pytest
 
 from pipelines.contracts import DEAD_LETTER, INCIDENT
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
-from pipelines.detection.report import compare
-from pipelines.detection.scoring import ChampionCache
+from pipelines.incidents.comparison import compare
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import (fleet, fleet_events, job_environment, key, opened, publish, read_topic, wait_for,
                                                write_jsonl)

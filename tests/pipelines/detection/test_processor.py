@@ -13,9 +13,9 @@ from feature_store.definitions import FEATURE_NAMES
 from feature_store.job_features import features_for_events
 from feature_store.offline_store import read_features
 from pipelines import simulator
+from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import DETECTION_QUERY, start_detection, state_partitions
-from pipelines.detection.scoring import ChampionCache
 from pipelines.io.kafka_stream import process_all_published
 from tests.feature_store.test_compute import as_a_collector_reports
 from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl

@@ -13,9 +13,9 @@ import json
 import pytest
 
 from pipelines.datasets import read_jsonl, subset
-from pipelines.detection.backtest import evaluate_dataset, write_report
-from pipelines.detection.scoring import ChampionCache
+from pipelines.detection.champions import ChampionCache
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
+from pipelines.reports.backtest import evaluate_dataset, write_report
 from tests.conftest import LAB_CORPUS
 
 LEAK_GRACE_S = 60.0  # a leak within the warm-up horizon and a minute of its onset

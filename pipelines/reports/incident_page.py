@@ -39,9 +39,10 @@ import pandas as pd
 from markupsafe import Markup, escape
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
-from pipelines.detection.evidence import human_duration
-from pipelines.detection.incident_view import page_file, printable, utc_time
+from pipelines.display import printable, utc_time
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
+from pipelines.incidents.evidence import human_duration
+from pipelines.reports.incident_view import page_file
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
 # the slope window; a longer one makes the decisive minutes unreadable).

@@ -3,7 +3,7 @@
 Each run of a dataset split (the simulator's or the lab's layout) is replayed exactly as
 ``sentinel replay`` does (validation, features, the champions, their post-rules, the incident
 policy), and, on the same feature rows through the same policy, by the static alarms operators
-use today. Both are judged run by run by :func:`pipelines.detection.report.compare`. The report
+use today. Both are judged run by run by :func:`pipelines.incidents.comparison.compare`. The report
 is a table per run (expected families, what was found and how soon, false incidents, whether the
 right vertex was named), per-family totals next to the baseline, and a plot per run of its
 decisive metric over time with the onset and the incidents marked.
@@ -24,10 +24,10 @@ from models.registry import LoadedDetector
 from pipelines.config import JobOverride as JobOverrideConfig
 from pipelines.config import SentinelConfig
 from pipelines.datasets import dataset_files, read_truths
-from pipelines.detection.incident_view import fit
-from pipelines.detection.policy import PolicySettings
-from pipelines.detection.report import Comparison, RunOutcome, compare
+from pipelines.display import fit
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, FAMILIES, SKEW, STATE_LEAK
+from pipelines.incidents.comparison import Comparison, RunOutcome, compare
+from pipelines.incidents.policy import PolicySettings
 
 # What each family's plot shows (the vertex of the fault where it has one).
 DECISIVE = {

@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from pipelines.datasets import read_jsonl
-from pipelines.detection.incident_page import JobMetrics, render_page, write_pages
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
 from pipelines.io import kafka_clients
+from pipelines.reports.incident_page import JobMetrics, render_page, write_pages
 from tests.conftest import (LAB_BACKPRESSURE_RUN as BACKPRESSURE_RUN, LAB_LEAK_RUN as LEAK_RUN,
                             LAB_SKEW_RUN as SKEW_RUN, debian_binary, first_opened)
 from tests.test_cli import run_sentinel

@@ -6,10 +6,10 @@ import json
 
 
 from models.post_rule import PostRule
-from pipelines.detection import policy
-from pipelines.detection.incident_view import follow, format_incident
+from pipelines.incidents import policy
 from pipelines.io import kafka_clients
-from tests.pipelines.detection.test_policy import rows_and_scores
+from pipelines.reports.incident_view import follow, format_incident
+from tests.pipelines.incidents.test_policy import rows_and_scores
 
 
 def test_following_the_topic_from_the_beginning_shows_each_incident_event(config):

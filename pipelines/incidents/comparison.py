@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Iterable, Sequence
 
-from pipelines.detection.incident_view import fit, printable
+from pipelines.display import fit, printable
 from pipelines.families import ANOMALY, EXPLAINED_BY, LOCALISED
 
 EARLY_GRACE_MS = 60_000

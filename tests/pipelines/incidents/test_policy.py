@@ -10,9 +10,9 @@ import pytest
 from models.post_rule import PostRule
 from pipelines.contracts import INCIDENT
 from pipelines.families import ALERTNAMES
-from pipelines.detection import policy
-from pipelines.detection.policy import PolicySettings, step
 from pipelines.families import FAMILIES
+from pipelines.incidents import policy
+from pipelines.incidents.policy import PolicySettings, step
 
 MIN = 60_000
 RULES = {f: PostRule(0.5, 2, 3) for f in FAMILIES}
@@ -252,7 +252,7 @@ def test_a_job_back_after_the_idle_timeout_starts_afresh_unless_an_incident_is_o
 
 
 def test_runs_are_judged_by_family_place_and_time_and_a_symptom_counts_as_found():
-    from pipelines.detection.report import compare
+    from pipelines.incidents.comparison import compare
 
     truth = {"cluster": "c", "job_id": "j1", "job_name": "orders", "run_id": "bp-run", "faults": [
         {"family": "backpressure", "onset_ts": 10 * MIN, "vertex_id": "v1", "vertex_name": "enrich"},

@@ -12,7 +12,8 @@ import pytest
 from models import registry
 from models.detectors import DetectorConfig, FamilyDetector
 from models.post_rule import PostRule
-from pipelines.detection.scoring import ChampionCache, score_rows, worker_champions
+from pipelines.detection.champions import ChampionCache, worker_champions
+from pipelines.incidents.scoring import score_rows
 from tests.conftest import config_for
 
 
@@ -75,7 +76,7 @@ def test_an_unreachable_registry_keeps_the_models_and_says_so(store, caplog, mon
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     store.mlflow.registry_uri = "http://127.0.0.1:9"  # nothing listens on the discard port
     clock.now = 100.0
-    with caplog.at_level(logging.ERROR, logger="pipelines.detection.scoring"):
+    with caplog.at_level(logging.ERROR, logger="pipelines.detection.champions"):
         models = cache.current()
     assert models["skew"].version == version
     assert cache.registry_error is not None

@@ -48,9 +48,9 @@ import numpy as np
 import pandas as pd
 
 from models.post_rule import DEFAULT_WARMUP_HORIZON_S, PostRule
-from pipelines.detection import evidence as ev
 from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED,
                                 ONE_PER_JOB, SAME_VERTEX, STATE_LEAK)
+from pipelines.incidents import evidence as ev
 
 SCHEMA_VERSION = 1
 TERMINAL_STATES = ("FINISHED", "CANCELED", "FAILED")
@@ -137,7 +137,7 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     """Advance the policy over one batch of scored feature rows; return the incident events.
 
     ``rows`` are feature rows (late markers excluded), ``scores`` come from
-    :func:`pipelines.detection.scoring.score_rows` over them; ``rules`` hold each family's post-rule.
+    :func:`pipelines.incidents.scoring.score_rows` over them; ``rules`` hold each family's post-rule.
     Jobs are independent: a batch of many jobs gives each job the events a batch of its rows alone
     would, so the live job may step any subset of jobs at once.
     """
