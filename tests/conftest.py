@@ -210,6 +210,22 @@ def first_opened(incidents, family: str, run: str, runs: dict) -> dict:
     return found[0]
 
 
+# --- a real Alertmanager --------------------------------------------------------------------------
+@pytest.fixture
+def alertmanager(tmp_path):
+    """Debian's Alertmanager with the shipped config, started, its receivers a webhook the test
+    reads (``alertmanager.webhook``): what on-call would be paged with."""
+    from tests.helpers.alertmanager import Alertmanager, Webhook
+
+    webhook = Webhook()
+    manager = Alertmanager(tmp_path, webhook)
+    manager.start()
+    yield manager
+    if manager.process.poll() is None:
+        manager.stop()
+    webhook.server.shutdown()
+
+
 # --- an S3 store -----------------------------------------------------------------------------------
 # moto's server speaks the S3 REST API (buckets, objects, multipart uploads, listings by prefix) on
 # loopback: what pyarrow and Hadoop's s3a client talk to in production, minus the cloud.

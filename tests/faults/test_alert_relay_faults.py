@@ -11,7 +11,6 @@ the relay keeps running and commits past the poison, and every poison is counted
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -22,12 +21,17 @@ from datetime import datetime
 
 import pytest
 
-from pipelines.io import kafka_clients
 from tests.conftest import PROJECT_ROOT
-from tests.pipelines.test_alerting import (alertmanager, committed_offsets, end_offsets, metric_values,  # noqa: F401
-                                           of_incident, publish, skew_incident, wait_for)
+from tests.helpers.alert_relay import committed_offsets, end_offsets
+from tests.helpers.alertmanager import of_incident
+from tests.helpers.cli import environment_without_settings
+from tests.helpers.incidents import skew_incident
+from tests.helpers.metrics import Samples, sample_key, scrape
+from tests.helpers.topics import publish_incidents
+from tests.helpers.waiting import wait_for
 
 RELAY = "checkpoint_sentinel_alert_relay"
+POLL_S = 0.2  # Alertmanager and the relay answer at once: a test waits no longer than it must
 
 
 class RelayCommand:
@@ -35,7 +39,7 @@ class RelayCommand:
 
     def __init__(self, config, url: str, folder):
         config.alert.group_id = f"sentinel-alert-{uuid.uuid4().hex[:8]}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")}
+        env = environment_without_settings()
         env.update({"SENTINEL_STATE_DIR": str(folder),
                     "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
                     "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents,
@@ -46,7 +50,7 @@ class RelayCommand:
                                         cwd=PROJECT_ROOT, env=env, stdout=open(self.out, "wb"),
                                         stderr=open(self.err, "wb"))
         try:
-            wait_for(lambda: self.process.poll() is not None or "delivering" in self.out.read_text(), timeout_s=60,
+            wait_for(lambda: self.process.poll() is not None or "delivering" in self.out.read_text(), timeout_s=60, every_s=POLL_S,
                      what="the relay to start")
             assert self.process.poll() is None, self.out.read_text() + self.err.read_text()
         except BaseException:
@@ -54,10 +58,10 @@ class RelayCommand:
             self.process.wait(10)
             raise
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self) -> Samples:
         served = re.search(r"/metrics at (http://\S+/metrics)", self.out.read_text())
         assert served, "the relay does not say where it serves /metrics: " + self.out.read_text()
-        return metric_values(served.group(1))
+        return scrape(served.group(1))
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -71,7 +75,7 @@ class RelayCommand:
 
 
 @pytest.fixture
-def relay_command(config, alertmanager, tmp_path):  # noqa: F811
+def relay_command(config, alertmanager, tmp_path):
     commands = []
 
     def start() -> RelayCommand:
@@ -83,15 +87,7 @@ def relay_command(config, alertmanager, tmp_path):  # noqa: F811
         command.stop()
 
 
-def raw(config, *values: bytes) -> None:
-    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-    for value in values:
-        producer.send(config.topics.incidents, value=value)
-    producer.flush()
-    producer.close()
-
-
-def test_poison_on_the_incident_topic_costs_only_itself(config, alertmanager, relay_command):  # noqa: F811
+def test_poison_on_the_incident_topic_costs_only_itself(config, alertmanager, relay_command):
     backwards, _, backwards_resolved = skew_incident(job="j1")
     # Resolved 5 s before it opened: the 400 that held every later alert back.
     backwards_resolved = {**backwards_resolved, "resolved_at": backwards["opened_at"] - 5_000,
@@ -101,34 +97,34 @@ def test_poison_on_the_incident_topic_costs_only_itself(config, alertmanager, re
     valid, _, _ = skew_incident(job="j2")
     started = time.time()
     relay = relay_command()
-    publish(config, backwards)
-    wait_for(lambda: of_incident(alertmanager.alerts(), backwards), what="the first incident's alert")
-    publish(config, backwards_resolved, dashed)
-    raw(config, b"\xff\xfe not json", b"[" * 200_000 + b"]" * 200_000)
+    publish_incidents(config.kafka, config.topics.incidents, [backwards])
+    wait_for(lambda: of_incident(alertmanager.alerts(), backwards), every_s=POLL_S, what="the first incident's alert")
+    publish_incidents(config.kafka, config.topics.incidents, [backwards_resolved, dashed])
+    publish_incidents(config.kafka, config.topics.incidents, [b"\xff\xfe not json", b"[" * 200_000 + b"]" * 200_000])
     time.sleep(3)  # the relay polls every 0.5 s: it has read the poison before the next incident comes
-    publish(config, valid)
+    publish_incidents(config.kafka, config.topics.incidents, [valid])
 
     # The valid incident arrives, open, and stays firing through an hour without its relay.
-    (alert,) = wait_for(lambda: of_incident(alertmanager.alerts(), valid), what="the valid incident after the poison")
+    (alert,) = wait_for(lambda: of_incident(alertmanager.alerts(), valid), every_s=POLL_S, what="the valid incident after the poison")
     ends_in_s = datetime.fromisoformat(alert["endsAt"].replace("Z", "+00:00")).timestamp() - time.time()
     assert ends_in_s > 3600, alert["endsAt"]
     # The incident resolved before it opened ended (at its start), the one Alertmanager cannot take never came.
-    wait_for(lambda: not of_incident(alertmanager.alerts(), backwards), what="the backwards incident to end")
+    wait_for(lambda: not of_incident(alertmanager.alerts(), backwards), every_s=POLL_S, what="the backwards incident to end")
     assert of_incident(alertmanager.alerts(), dashed) == []
     # The relay runs on, past everything it read, and says what it rejected and why.
-    wait_for(lambda: committed_offsets(config) == end_offsets(config), what="offsets committed past the poison")
+    wait_for(lambda: committed_offsets(config) == end_offsets(config), every_s=POLL_S, what="offsets committed past the poison")
     assert relay.process.poll() is None
     metrics = relay.metrics()
-    assert metrics[f'{RELAY}_rejected_total{{reason="invalid_label_name"}}'] == 1
-    assert metrics[f'{RELAY}_rejected_total{{reason="unreadable_incident"}}'] == 2
-    assert metrics[f"{RELAY}_delivered_total"] >= 3  # the first incident, its (fixed) resolve, the valid one
-    assert metrics[f"{RELAY}_retries_total"] == 0
-    assert started <= metrics[f"{RELAY}_last_success_timestamp_seconds"] <= time.time()
+    assert metrics[sample_key(f"{RELAY}_rejected_total", reason="invalid_label_name")] == 1
+    assert metrics[sample_key(f"{RELAY}_rejected_total", reason="unreadable_incident")] == 2
+    assert metrics[sample_key(f"{RELAY}_delivered_total")] >= 3  # the first incident, its (fixed) resolve, the valid one
+    assert metrics[sample_key(f"{RELAY}_retries_total")] == 0
+    assert started <= metrics[sample_key(f"{RELAY}_last_success_timestamp_seconds")] <= time.time()
     # Still in step a few re-sends later: the rejected incident is not re-sent (and re-counted).
     time.sleep(3)
     again = relay.metrics()
-    assert again[f'{RELAY}_rejected_total{{reason="invalid_label_name"}}'] == 1
-    assert again[f"{RELAY}_delivered_total"] > metrics[f"{RELAY}_delivered_total"]  # the open alert, re-sent
+    assert again[sample_key(f"{RELAY}_rejected_total", reason="invalid_label_name")] == 1
+    assert again[sample_key(f"{RELAY}_delivered_total")] > metrics[sample_key(f"{RELAY}_delivered_total")]  # the open alert, re-sent
 
     assert relay.stop() == 0
     err, out = relay.err.read_text(), relay.out.read_text()
