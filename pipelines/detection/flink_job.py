@@ -23,12 +23,12 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import orjson
 import pandas as pd
 
 from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.job_features import TERMINAL_STATES, JobFeatureState
 from models.registry import LoadedDetector
+from pipelines.detection import job_state
 from pipelines.detection.validation import DEFAULT_VALUE_BYTES, check_event, dead_letter
 from pipelines.incidents import policy
 from pipelines.incidents.scoring import score_rows
@@ -97,12 +97,13 @@ class FlinkJobState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "FlinkJobState":
-        stored = orjson.loads(data)
-        return cls(JobFeatureState(**stored["machine"]), stored["policy"])
+        """A state :meth:`to_bytes` wrote, in this state version or an earlier one
+        (:mod:`pipelines.detection.job_state`; raises its ``StoredStateError`` on one it cannot read)."""
+        machine, policy_state = job_state.decode(data)
+        return cls(machine, policy_state)
 
     def to_bytes(self) -> bytes:
-        return orjson.dumps({"machine": self.machine.orjson_fields(), "policy": self.policy},
-                            option=orjson.OPT_SERIALIZE_NUMPY)
+        return job_state.encode(self.machine, self.policy)
 
     def read(self, records: Iterable[Record], now_ms: int, rules: ReadRules,
              key: tuple[str, str] | None = None, watermark_ms: int | None = None) -> Reading:
