@@ -10,6 +10,7 @@ import sys
 from typing import Callable, Sequence
 
 from pipelines.config import ConfigError, SentinelConfig, load_config
+from pipelines.families import FAMILIES
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
@@ -187,8 +188,6 @@ def _train(config: SentinelConfig, args: argparse.Namespace, families, dry_run: 
 
 
 def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
-    from models.training import FAMILIES
-
     _train(config, args, args.family or FAMILIES, dry_run=args.dry_run)
     return 0
 
@@ -206,10 +205,12 @@ def _require_champions(config: SentinelConfig, held: bool = False):
 
 def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
     from pipelines.detection.job import start_detection
+    from pipelines.detection.spark_state import check_pyspark
     from pipelines.io.kafka_clients import check_reachable
     from pipelines.spark_session import build_spark
 
     logging.getLogger("pipelines.detection").setLevel(logging.INFO)
+    check_pyspark()  # first: a PySpark the stateful processor was not tested with is a stop at once
     check_reachable(config.kafka.bootstrap_servers, config.kafka.connect_timeout_s)
     cache = _require_champions(config, held=True)
     spark = build_spark(config, "run")
@@ -355,7 +356,6 @@ def _cmd_report(config: SentinelConfig, args: argparse.Namespace) -> int:
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
     from infra.embedded_stack import EmbeddedStack
     from models import registry
-    from models.training import FAMILIES
     from pipelines.detection.demo import run_demo
 
     print("checkpoint-sentinel demo on the embedded stack")
@@ -616,8 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--dataset", action="append", metavar="DIR",
                        help="labelled dataset folder (repeatable); default: a simulated one under the state folder "
                             "and the real-Flink corpus (lab.corpus_dir)")
-    train.add_argument("--family", action="append", choices=["state_leak", "backpressure", "skew",
-                                                             "checkpoint_failure", "anomaly"])
+    train.add_argument("--family", action="append", choices=FAMILIES)
     train.add_argument("--dry-run", action="store_true", help="show the gate's decision; register nothing, move no alias")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--feedback", action="store_true",
@@ -745,6 +744,7 @@ USER_ERRORS = (("infra.embedded_stack", "StackError"), ("pipelines.io.kafka_clie
                ("pipelines.spark_session", "JavaMissing"), ("models.validation", "TrainingSetInvalid"),
                ("models.registry", "ModelUnavailable"), ("infra.flink_cluster", "FlinkClusterError"),
                ("pipelines.collector.ledger", "LedgerError"), ("pipelines.lab", "LabError"),
+               ("pipelines.detection.spark_state", "UnsupportedPySpark"),
                ("pipelines.alerting", "AlertmanagerUnavailable"), ("pipelines.reports.incident_page", "UnknownIncident"),
                ("pipelines.io.storage", "StorageError"))
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Mapping
 
 import yaml
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, create_model,
+                      field_validator, model_validator)
 
+from pipelines.families import REGISTRY, FamilyName
 from pipelines.io.storage import Location, is_uri, local_only, normalize
 
 ENV_PREFIX = "SENTINEL_"
@@ -270,14 +271,11 @@ class SparkConfig(_Strict):
     extra_conf: dict[str, str] = Field(default_factory=dict, description="Any other spark.* settings.")
 
 
-class ModelNames(_Strict):
-    """The registered model of each family's detector."""
-
-    state_leak: str = "sentinel-state-leak"
-    backpressure: str = "sentinel-backpressure"
-    skew: str = "sentinel-skew"
-    checkpoint_failure: str = "sentinel-checkpoint-failure"
-    anomaly: str = "sentinel-anomaly"
+# One key per family of the registry (pipelines/families.py), its default the family's model_name.
+ModelNames = create_model(
+    "ModelNames", __base__=_Strict, __module__=__name__, __doc__="The registered model of each family's detector.",
+    **{f.name: (str, Field(f.model_name, description=f"The registered model of the {f.name} detector."))
+       for f in REGISTRY})
 
 
 class MlflowConfig(_Strict):
@@ -331,7 +329,7 @@ class JobOverride(_Strict):
     warmup_horizon_s: float | None = Field(None, gt=0, description="How long after a (re)start this job's state "
                                                                    "may grow healthily (its longest window or TTL).")
     state_limit_bytes: int | None = Field(None, ge=1, description="A hard limit for this job's state, for forecasts.")
-    mute: list[Literal["state_leak", "backpressure", "skew", "checkpoint_failure", "anomaly"]] = Field(
+    mute: list[FamilyName] = Field(
         default_factory=list, description="Families that never open an incident for these jobs.")
 
 

@@ -1,8 +1,7 @@
 """What an incident says: evidence, forecast, severity, a one-line summary and a runbook.
 
 Pure functions of the feature row that triggered the decision (plus the few recent values the
-policy keeps). The runbook steps come from the seed reports and Flink's documentation on
-checkpointing under backpressure; each is concrete enough to act on from the incident alone.
+policy keeps). Each family's runbook steps are declared with the family (:mod:`pipelines.families`).
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import pandas as pd
 
 from feature_store.definitions import FEATURES
 from models.detectors import default_features
+from pipelines.families import BY_NAME
 
 MIB = 1024 * 1024
 _LEVEL = {f.name: f.level for f in FEATURES}
@@ -138,52 +138,8 @@ def summary(family: str, row: Mapping[str, Any], forecast: dict | None, sev: str
     return f"[{sev}] unusual checkpoint behaviour in {where} that no failure family explains; have a look"
 
 
-RUNBOOKS: dict[str, list[str]] = {
-    "state_leak": [
-        "Find the operator whose state grows (evidence: vertex) and the state it keeps per key.",
-        "Set a state TTL (StateTtlConfig) on keyed state that outlives its use, or clear it in a timer.",
-        "Check CEP patterns for a within() clause and windows for a trigger that never purges; "
-        "retired keys must leave state (FLINK-19970: expired partial matches of retired keys stay).",
-        "Move large state from the heap/memory backend to RocksDB (state.backend.type: rocksdb) with "
-        "incremental checkpoints; the memory backend fails checkpoints above its maximum state size.",
-        "Until fixed: raise the state or frame-size limit and take a savepoint before it is reached.",
-    ],
-    "backpressure": [
-        "Scale out the bottleneck vertex named in the evidence (more parallelism or resources), or "
-        "speed up its external calls (async I/O).",
-        "Enable buffer debloating (taskmanager.network.memory.buffer-debloat.enabled: true) to cut in-flight data.",
-        "Enable unaligned checkpoints (execution.checkpointing.unaligned.enabled: true) so barriers overtake buffers.",
-        "Set execution.checkpointing.aligned-checkpoint-timeout to switch to unaligned only when alignment drags.",
-        "Lengthen the checkpoint interval while the backlog drains so checkpoints stop piling up.",
-    ],
-    "skew": [
-        "Look at the hot subtask's key distribution (evidence: subtask_index) for a dominant key.",
-        "Salt the hot key (key + random suffix) and merge the partial results in a second step.",
-        "Use two-phase (local then global) aggregation, e.g. table.optimizer.agg-phase-strategy: TWO_PHASE.",
-        "For non-keyed stages, rebalance() the stream; for joins, broadcast the small side.",
-        "Enable unaligned checkpoints so barrier alignment stops waiting on the hot subtask.",
-    ],
-    "checkpoint_failure": [
-        "Read the failure messages in the evidence: timeouts, storage errors and declined checkpoints need different fixes.",
-        "Check checkpoint storage latency and errors (S3/HDFS throttling, transient 5xx) and local disk "
-        "throughput for RocksDB uploads.",
-        "If checkpoints run out of time, raise execution.checkpointing.timeout or reduce state per checkpoint "
-        "(incremental checkpoints, fewer large operators).",
-        "Keep the interval above the checkpoint duration (execution.checkpointing.min-pause) so checkpoints "
-        "do not pile up; each in-flight checkpoint costs JobManager memory.",
-        "Watch JobManager heap; raise jobmanager.memory.process.size if it grows with in-flight checkpoints.",
-        "Check operators that call external systems during snapshotState; they can stall the checkpoint.",
-    ],
-    "anomaly": [
-        "Compare the evidence with the job's usual checkpoint sizes, durations and rates.",
-        "Check recent deployments, config changes and restarts of this job.",
-        "If it is a real problem of a known kind, label it so the next training run learns it.",
-    ],
-}
-
-
 def runbook(family: str, row: Mapping[str, Any]) -> list[str]:
-    steps = list(RUNBOOKS[family])
+    steps = list(BY_NAME[family].runbook)
     if family == "state_leak" and (_num(row, "checkpointed_rel_slope_per_h") or 0.0) < 0.05 <= (
             _num(row, "state_rel_slope_per_h") or 0.0):
         steps.insert(1, "Incremental checkpoints hide this leak: checkpointed size is flat while full state grows.")

@@ -25,20 +25,14 @@ from pipelines.config import JobOverride as JobOverrideConfig
 from pipelines.config import SentinelConfig
 from pipelines.datasets import dataset_files, read_truths
 from pipelines.display import fit
-from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, FAMILIES, SKEW, STATE_LEAK
+from pipelines.families import BY_NAME, FAMILIES, Plot
 from pipelines.incidents.comparison import Comparison, RunOutcome, compare
 from pipelines.incidents.policy import PolicySettings
 
-# What each family's plot shows (the vertex of the fault where it has one).
-DECISIVE = {
-    STATE_LEAK: ("vertex_state_size_bytes", "state (bytes)"),
-    BACKPRESSURE: ("others_backpressured_max", "upstream backpressured (ratio)"),
-    SKEW: ("records_in_hot_excess", "hot subtask's excess share"),
-    CHECKPOINT_FAILURE: ("checkpoint_failed_fraction", "failed share of recent checkpoints"),
-    "healthy": ("state_size_bytes", "state (bytes)"),
-}
-COLOURS = {STATE_LEAK: "tab:red", BACKPRESSURE: "tab:orange", SKEW: "tab:purple", CHECKPOINT_FAILURE: "tab:brown",
-           "anomaly": "tab:gray"}
+# What a healthy run's plot shows (a faulty run's: its family's decisive plot, where it has one).
+HEALTHY_PLOT = Plot("state_size_bytes", "state (bytes)")
+# The marks of incidents of a family the registry does not know.
+UNKNOWN_COLOUR = "blue"
 
 
 @dataclass
@@ -177,8 +171,9 @@ def _plot_run(evaluation: Evaluation, run: RunOutcome, directory: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = evaluation.rows[evaluation.rows["job_id"] == run.job_id]
-    family = run.expected[0] if run.expected else "healthy"
-    column, label = DECISIVE.get(family, DECISIVE["healthy"])
+    family = BY_NAME.get(run.expected[0]) if run.expected else None
+    plot = (family.decisive_plot if family else None) or HEALTHY_PLOT
+    column, label = plot.column, plot.label
     fault_vertex = next((f.get("vertex_name") for f in run.found + run.missed if f.get("vertex_name")), None)
     if column.startswith(("vertex_", "others_", "records_in")) and fault_vertex:
         series = rows[rows["vertex_name"] == fault_vertex]
@@ -199,7 +194,7 @@ def _plot_run(evaluation: Evaluation, run: RunOutcome, directory: Path) -> Path:
     for incidents, style in ((evaluation.incidents, "-"), (evaluation.baseline_incidents, ":")):
         for incident in incidents:
             if incident["job_id"] == run.job_id and incident["event"] == "opened":
-                ax.axvline((incident["opened_at"] - start) / 1000.0, color=COLOURS.get(incident["family"], "blue"),
+                ax.axvline((incident["opened_at"] - start) / 1000.0, color=_colour(incident["family"]),
                            linestyle=style, linewidth=1.5 if style == "-" else 1)
     ax.text(0.01, 0.95, "green --: onset; solid: incident opened (colour = family); dotted: static alarm",
             transform=ax.transAxes, fontsize=7, va="top")
@@ -208,3 +203,7 @@ def _plot_run(evaluation: Evaluation, run: RunOutcome, directory: Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _colour(family: str) -> str:
+    return BY_NAME[family].colour if family in BY_NAME else UNKNOWN_COLOUR

@@ -40,7 +40,7 @@ from markupsafe import Markup, escape
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable, utc_time
-from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
+from pipelines.families import BACKPRESSURE, LABELS, SKEW, STATE_LEAK
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.incident_view import page_file
 
@@ -50,8 +50,6 @@ LOOKBACK_MS = 30 * 60_000
 # After the incident's last event (for an open one: what has come in since).
 LOOKAHEAD_MS = 5 * 60_000
 SEVERITY_COLOURS = {"critical": "#b00020", "warning": "#c77700", "info": "#1f5fa8"}
-FAMILY_TITLES = {STATE_LEAK: "State leak", BACKPRESSURE: "Backpressure", SKEW: "Skew",
-                 CHECKPOINT_FAILURE: "Checkpoint failure", "anomaly": "Unexplained (anomaly)"}
 MIB = 1024 * 1024
 log = logging.getLogger(__name__)
 
@@ -580,7 +578,7 @@ def render_page(history: Sequence[dict], metrics: JobMetrics) -> str:
     state = (f"resolved {_when(last['resolved_at'])}" if last.get("resolved_at")
              else f"open since {_when(last['opened_at'])}, last update {_when(last['updated_at'])}")
     return TEMPLATE_ENVIRONMENT.get_template("page").render(
-        title=FAMILY_TITLES.get(last["family"], last["family"]), where=printable(name) + subtask,
+        title=LABELS.get(last["family"], last["family"]), where=printable(name) + subtask,
         heading=_cut(name, HEADING_CHARS) + subtask, incident_id=last["incident_id"],
         severity=latest["severity"], state=state, cluster=last["cluster"], job_id=last["job_id"],
         summary=latest["summary"], forecast=forecast_box,
