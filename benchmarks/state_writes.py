@@ -1,6 +1,6 @@
 """What writing Flink job states to Spark's state store costs the stateful processor: one
 ``MapState.updateValue`` (a round trip to Spark's state server) per job, against
-:func:`pipelines.detection.processor.update_map_values` (every request sent, then every answer
+:func:`pipelines.detection.spark_state.update_map_values` (every request sent, then every answer
 read), inside a real ``transformWithState`` on a local Spark with the RocksDB state store.
 
 Each of ``--keys`` state keys (a bucket) writes ``--jobs`` states of ``--bytes`` bytes both ways
@@ -23,7 +23,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor  # noqa: 
 from pyspark.sql.types import DoubleType, LongType, StructField, StructType  # noqa: E402
 
 from pipelines.config import load_config  # noqa: E402
-from pipelines.detection.processor import JOB_KEY_SCHEMA, STATE_SCHEMA, update_map_values  # noqa: E402
+from pipelines.detection.spark_state import JOB_KEY_SCHEMA, STATE_SCHEMA, update_map_values  # noqa: E402
 from pipelines.spark_session import build_spark  # noqa: E402
 
 TIMES = StructType([StructField("jobs", LongType()), StructField("one_at_a_time_s", DoubleType()),

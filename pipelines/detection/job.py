@@ -35,6 +35,7 @@ from pipelines.detection.observability import MetricsListener, checkpointed_newe
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
 from pipelines.detection.processor import detect, load_models_on_workers
+from pipelines.detection.spark_state import UnsupportedPySpark, check_spark_versions, state_partitions
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location
@@ -297,6 +298,10 @@ def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> list
         workers = load_models_on_workers(spark, config)
     except Exception as exc:  # Spark wraps the worker's error; its own line says what to fix
         lines = str(exc).splitlines()
+        unsupported = next((line.split("UnsupportedPySpark: ", 1)[1] for line in lines
+                            if "UnsupportedPySpark: " in line), None)
+        if unsupported is not None:  # the executors' PySpark, which may not be the driver's
+            raise UnsupportedPySpark(unsupported.strip()) from exc
         reason = next((line.split("ModelUnavailable: ", 1)[1] for line in lines if "ModelUnavailable: " in line),
                       lines[0] if lines else repr(exc))
         raise ModelUnavailable(f"the executors' Python workers could not load the champions from "
@@ -307,23 +312,13 @@ def _load_models_on_workers(spark: SparkSession, config: SentinelConfig) -> list
     return workers
 
 
-def state_partitions(checkpoint: Location) -> int | None:
-    """The shuffle partitions a query's checkpoint fixed (Spark keeps them from its first run on,
-    whatever the session says later), from its latest offsets entry; None before its first batch."""
-    offsets = checkpoint / "offsets"
-    batches = [int(name) for name in offsets.names() if name.isdigit()]
-    if not batches:
-        return None
-    lines = (offsets / str(max(batches))).read_text().splitlines()
-    conf = orjson.loads(lines[1]).get("conf", {}) if len(lines) > 1 else {}
-    value = conf.get("spark.sql.shuffle.partitions")
-    return int(value) if value is not None else None
-
-
 def start_detection(spark: SparkSession, config: SentinelConfig, cache: ChampionCache,
                     available_now: bool = False) -> RunningJob:
     """Start the detection query on the configured input topic; the caller awaits or stops it.
-    ``cache`` (the driver's) reports the registry and the versions; the executors load their own."""
+    ``cache`` (the driver's) reports the registry and the versions; the executors load their own.
+    Raises :class:`~pipelines.detection.spark_state.UnsupportedPySpark` before anything starts on a
+    PySpark or Spark the stateful processor was not tested with."""
+    check_spark_versions(spark)
     kafka = config.kafka
     kafka_clients.check_reachable(kafka.bootstrap_servers, kafka.connect_timeout_s)
     kafka_clients.ensure_topics(kafka.bootstrap_servers, kafka.client_kwargs(),

@@ -21,13 +21,17 @@ worker and follow their alias (:func:`~pipelines.detection.champions.worker_cham
 A state key is a *bucket* of Flink jobs (``detection.state_buckets``, by a hash of the job), not
 one job: each key costs a handful of round trips to Spark's state server per micro-batch (0.2 to
 0.4 ms each, measured with two tasks at once), while its Flink jobs' states are written in one
-exchange (:func:`update_map_values`) and read, where this worker did not write them last, in
-another (:func:`get_map_values`). The buckets' keys are
-chosen so that each shuffle partition holds as many as the others (:func:`state_keys`). A
+exchange and read, where this worker did not write them last, in another
+(:class:`~pipelines.detection.spark_state.JobStates`). The buckets' keys are chosen so that each
+shuffle partition holds as many as the others (:func:`~pipelines.detection.spark_state.state_keys`). A
 bucket also keeps when each of its jobs is due to be forgotten and one timer at the earliest: a
 job silent for the idle timeout, once the watermark has passed that, is forgotten, keeping only
 an incident still open. Records whose JSON names no job are validated
 here too, without state, and come out as dead letters.
+
+What the processor relies on of Spark beyond its public API (the state server's protocol, its
+hash partitioning) is in :mod:`pipelines.detection.spark_state`; a job's stored state, its layout
+and versions, in :mod:`pipelines.detection.job_state`.
 
 Spark's state store holds every job's state; a Python worker also keeps the states it wrote,
 parsed, with the random version it wrote beside the job's due time, and reuses one only while the
@@ -50,22 +54,19 @@ from typing import Iterator
 import orjson
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.stateful_processor import MapState, StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from pipelines.detection.champions import models_payload, worker_champions
 from pipelines.detection.flink_job import (FlinkJobState, ReadRules, Reading, Record, decide, feature_frame,
                                            job_key)
+from pipelines.detection.job_state import StoredStateError
 from pipelines.detection.outputs import (DEAD_LETTER, FEATURE_ROWS_PER_PAYLOAD, FEATURES, INCIDENT, LATE, MODELS,
                                          OUTPUT_SCHEMA, SAMPLE, WORKER_SCHEMA, feature_log_writer_ready,
                                          feature_rows_payload)
+from pipelines.detection.spark_state import DUES, JobStates, StoredValue, check_worker_pyspark, state_keys
 from pipelines.detection.validation import EARLIEST_TS
 from pipelines.detection.worker_gc import COLLECTOR, CollectorBetweenTasks
 from pipelines.incidents.policy import PolicySettings, resolve_gone
-
-STATE_SCHEMA = StructType([StructField("state", BinaryType())])
-JOB_KEY_SCHEMA = StructType([StructField("job", StringType())])
-
 
 # The input topic's key, ``<cluster>/<job_id>`` (a Flink JobID is 32 hex digits).
 CONTRACT_KEY = r"^(.+)/([0-9a-f]{32})$"
@@ -176,36 +177,6 @@ def unpacked_record(packed: bytes) -> tuple[str | None, str | None, Record]:
             Record(value, key, topic, int(partition), int(offset), int(timestamp) if timestamp else None))
 
 
-def state_keys(buckets: int, partitions: int) -> list[int]:
-    """The state key of each bucket: an integer that Spark's hash partitioning (Murmur3, seed 42,
-    of the grouping key) sends to shuffle partition ``bucket % partitions``, so that every
-    partition (a task, a core) has the same number of buckets. With the buckets' numbers as keys,
-    64 buckets fell 37/27 on two partitions and the larger task set the micro-batch's length."""
-    per_partition: list[list[int]] = [[] for _ in range(partitions)]
-    wanted = -(-buckets // partitions)
-    candidate = 0
-    while min(len(keys) for keys in per_partition) < wanted:
-        keys = per_partition[spark_int_hash(candidate) % partitions]
-        if len(keys) < wanted:
-            keys.append(candidate)
-        candidate += 1
-    return [per_partition[b % partitions][b // partitions] for b in range(buckets)]
-
-
-def spark_int_hash(value: int, seed: int = 42) -> int:
-    """Spark's ``hash()`` of an int column (Murmur3_x86_32.hashInt), as a signed 32-bit integer."""
-    def rotl(x: int, r: int) -> int:
-        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
-
-    k1 = rotl((value & 0xFFFFFFFF) * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
-    h1 = (rotl(seed ^ k1, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h1 ^= 4
-    h1 = (h1 ^ (h1 >> 16)) * 0x85EBCA6B & 0xFFFFFFFF
-    h1 = (h1 ^ (h1 >> 13)) * 0xC2B2AE35 & 0xFFFFFFFF
-    h1 ^= h1 >> 16
-    return h1 - (1 << 32) if h1 >= 1 << 31 else h1
-
-
 def load_models_on_workers(spark, config) -> list[dict]:
     """Have the Python workers the detection query will use import what they run, and the
     stateful processor's load the champions, before its first micro-batch, which otherwise
@@ -232,7 +203,7 @@ class _ModelLoader(StatefulProcessor):
         self.config = config
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        pass
+        check_worker_pyspark()  # before the query starts, where the executors' PySpark is not the driver's
 
     def handleInputRows(self, key, rows, timerValues) -> Iterator[Row]:
         cache = worker_champions(self.config)
@@ -258,8 +229,8 @@ class DetectionProcessor(StatefulProcessor):
         # state's parse took 1.3 ms with 1,000 others held, 0.3 ms without collections.
         COLLECTOR.task_started()
         self.handle = handle
-        self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
-        self.dues = handle.getValueState("dues", STATE_SCHEMA)
+        self.jobs = JobStates(handle)
+        self.dues = StoredValue(handle, DUES)
         self.rules = ReadRules.from_config(self.config)
         self.settings = PolicySettings.from_config(self.config)
         # This task's buckets that had records, until their timer: their jobs' states and readings.
@@ -310,14 +281,14 @@ class DetectionProcessor(StatefulProcessor):
         jobs = self.pending.pop(bucket, None)
         if jobs is not None:
             dues = self.bucket_dues.pop(bucket)
-            writes: list[tuple[tuple, tuple]] = []
+            writes: list[tuple[str, bytes]] = []
             for name, job in jobs.items():
                 for incident in self.incidents.pop(name, []):
                     yield Row(kind=INCIDENT, key=incident["incident_id"], payload=orjson.dumps(incident), count=1)
                 job.compact()
                 self._write(name, job, dues, writes)
                 dues["due"][name] = job.due(self.rules)
-            update_map_values(self.jobs, writes)  # before _sweep, which may read one back
+            self.jobs.write(writes)  # before _sweep, which may read one back
         else:
             dues = self._dues()
             if dues["timer"] != expiredTimerInfo.getExpiryTimeInMs():
@@ -347,7 +318,7 @@ class DetectionProcessor(StatefulProcessor):
         due_now = [name for name, due in dues["due"].items() if due is not None and watermark >= due]
         for name, job in self._jobs(due_now, dues).items():
             gone.extend(job.gone(self.rules))
-            self.jobs.removeKey((name,))
+            self.jobs.remove(name)
             del dues["due"][name]
             dues["version"].pop(name, None)
         # A job kept for its open incident by an earlier version (due None) is never swept again.
@@ -355,7 +326,7 @@ class DetectionProcessor(StatefulProcessor):
             job = self._jobs([name], dues)[name]
             if job.machine.latest_ts is None:
                 gone.extend(resolve_gone(job.policy, watermark, self.rules.idle_timeout_ms))
-                self.jobs.removeKey((name,))
+                self.jobs.remove(name)
                 del dues["due"][name]
                 dues["version"].pop(name, None)
         if dues["timer"] is not None and dues["timer"] <= watermark:
@@ -365,19 +336,19 @@ class DetectionProcessor(StatefulProcessor):
             dues["timer"] = min(upcoming)
             self.handle.registerTimer(dues["timer"])
         if dues["due"]:
-            self.dues.update((orjson.dumps(dues),))
+            self.dues.put(orjson.dumps(dues))
         else:
             self.dues.clear()
         return gone
 
     def _dues(self) -> dict:
-        stored = self.dues.get()  # None when the bucket has none (one round trip, not two)
-        return {"due": {}, "version": {}, "timer": None} if stored is None else orjson.loads(stored[0])
+        stored = self.dues.get()  # None when the bucket has none
+        return {"due": {}, "version": {}, "timer": None} if stored is None else orjson.loads(stored)
 
     def _jobs(self, names: list[str], dues: dict) -> dict[str, FlinkJobState]:
         """The states of the bucket's jobs ``names``: each as this worker wrote it last, if the store
         still holds that version (no other worker wrote it since, no failed batch rolled it back),
-        else read from the store, all those in one exchange (:func:`get_map_values`; the Python
+        else read from the store, all those in one exchange (:meth:`JobStates.read`; the Python
         worker that runs a partition's task is not always the one that ran it last: every other
         micro-batch or so, measured). Reading the bucket's whole map instead, as before, carried
         every state of the bucket where a real-time batch needs a third to a half of them."""
@@ -391,82 +362,26 @@ class DetectionProcessor(StatefulProcessor):
                 found[name] = parsed
         if not missing:
             return found
-        values = get_map_values(self.jobs, [(name,) for name in missing])
+        values = self.jobs.read(missing)
         with COLLECTOR.frozen_as_made():  # half a thousand objects a state: not walked after the task
             for name, value in zip(missing, values):
                 if value is None:
                     raise RuntimeError(f"state of job {name} missing from its bucket's map")
-                found[name] = FlinkJobState.from_bytes(value[0])
+                try:
+                    found[name] = FlinkJobState.from_bytes(value)
+                except StoredStateError as exc:
+                    raise StoredStateError(f"job {name}: {exc}") from exc
         return found
 
-    def _write(self, name: str, job: FlinkJobState, dues: dict, writes: list[tuple[tuple, tuple]]) -> None:
-        """Add the job's state to ``writes`` (for :func:`update_map_values`), with a new version."""
+    def _write(self, name: str, job: FlinkJobState, dues: dict, writes: list[tuple[str, bytes]]) -> None:
+        """Add the job's state to ``writes`` (for :meth:`JobStates.write`), with a new version."""
         version = random.getrandbits(62)
-        writes.append(((name,), (job.to_bytes(),)))
+        writes.append((name, job.to_bytes()))
         dues["version"][name] = version
         _PARSED.keep(name, version, job, self.config.detection.state_cache_jobs)
 
     def close(self) -> None:
         COLLECTOR.task_ended()
-
-
-def update_map_values(state: MapState, entries: list[tuple[tuple, tuple]]) -> None:
-    """``state.updateValue(key, value)`` for each of ``entries``, in order, in one exchange with
-    Spark's state server: every request sent, then every answer read. One at a time, each waits
-    out a round trip (0.2 ms measured, two tasks at once), and a task writes hundreds of job
-    states."""
-    answers = _map_state_exchange(state, [("updateValue", key, value) for key, value in entries])
-    if answers is None:
-        for key, value in entries:
-            state.updateValue(key, value)
-        return
-    errors = [error for status, error, _ in answers if status != 0]
-    if errors:
-        raise RuntimeError(f"the state store refused {len(errors)} of {len(entries)} job states: {errors[0]}")
-
-
-def get_map_values(state: MapState, keys: list[tuple]) -> list[tuple | None]:
-    """``state.getValue(key)`` for each of ``keys`` (None where the map has no such key), in one
-    exchange with Spark's state server, as :func:`update_map_values` writes them."""
-    answers = _map_state_exchange(state, [("getValue", key, None) for key in keys])
-    if answers is None:
-        return [state.getValue(key) for key in keys]
-    errors = [error for status, error, _ in answers if status != 0]
-    if errors:
-        raise RuntimeError(f"the state store failed {len(errors)} of {len(keys)} job state reads: {errors[0]}")
-    api = state._mapStateClient._stateful_processor_api_client
-    return [tuple(api._deserialize_from_bytes(value)) if value else None for _, _, value in answers]
-
-
-def _map_state_exchange(state: MapState, calls: list[tuple[str, tuple, tuple | None]]
-                        ) -> list[tuple[int, str, bytes]] | None:
-    """Send the map state ``calls`` (``("updateValue", key, value)`` or ``("getValue", key, None)``)
-    to Spark's state server together, then read every answer, failed or not, so that the next
-    request meets its own: (status, error message, value) each. The requests are PySpark 4.3's own
-    (its map state client's messages and serialisation); None where that client is not there to
-    use, or for fewer than two calls (the caller makes them one by one)."""
-    client = getattr(state, "_mapStateClient", None)
-    api = getattr(client, "_stateful_processor_api_client", None)
-    if api is None or len(calls) < 2:
-        return None
-    import pyspark.sql.streaming.proto.StateMessage_pb2 as messages
-    from pyspark.serializers import write_int
-
-    out = api.sockfile
-    for kind, key, value in calls:
-        user_key = api._serialize_to_bytes(client.user_key_schema, key)
-        if kind == "updateValue":
-            request = messages.MapStateCall(stateName=state._stateName, updateValue=messages.UpdateValue(
-                userKey=user_key, value=api._serialize_to_bytes(client.value_schema, value)))
-        else:
-            request = messages.MapStateCall(stateName=state._stateName, getValue=messages.GetValue(userKey=user_key))
-        message = messages.StateRequest(stateVariableRequest=messages.StateVariableRequest(
-            mapStateCall=request)).SerializeToString()
-        write_int(0, out)  # the message version, as PySpark's client writes it
-        write_int(len(message), out)
-        out.write(message)
-    out.flush()
-    return [api._receive_proto_message() for _ in calls]
 
 
 class _ParsedStates:

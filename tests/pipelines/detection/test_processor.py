@@ -15,7 +15,8 @@ from feature_store.offline_store import read_features
 from pipelines import simulator
 from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
-from pipelines.detection.job import DETECTION_QUERY, start_detection, state_partitions
+from pipelines.detection.job import DETECTION_QUERY, start_detection
+from pipelines.detection.spark_state import state_partitions
 from pipelines.io.kafka_stream import process_all_published
 from tests.feature_store.test_compute import as_a_collector_reports
 from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
@@ -213,24 +214,6 @@ def test_the_input_is_keyed_by_job_with_the_event_time_of_its_top_level_ts(spark
         assert (row.cluster, row.job_id, row.event_ms) == (cluster, job_id, expected), (record_key, value)
 
 
-def test_buckets_spread_evenly_over_the_state_partitions(spark):
-    """Spark's own hash partitioning (that of the stateful stage's shuffle) gives every partition
-    the same number of buckets, so no task has more jobs than the others."""
-    from pyspark.sql import functions as F
-
-    from pipelines.detection.processor import state_keys
-
-    for buckets, partitions in ((64, 2), (64, 3), (10, 4), (1, 2)):
-        keys = state_keys(buckets, partitions)
-        assert len(set(keys)) == buckets
-        frame = spark.createDataFrame([(k,) for k in keys], "bucket int").repartition(partitions, "bucket")
-        counts = sorted(r["count"] for r in frame.groupBy(F.spark_partition_id().alias("p")).count().collect())
-        assert counts[-1] - counts[0] <= 1 and sum(counts) == buckets, (buckets, partitions, counts)
-        # ... bucket b on partition b % partitions, as state_keys says
-        assert {r.bucket: r.p for r in frame.select("bucket", F.spark_partition_id().alias("p")).collect()} == \
-            {k: b % partitions for b, k in enumerate(keys)}
-
-
 def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_start_stops(spark, detection_config):
     """A stateful task's two Python workers (the processor's, the feature log writer's) per
     shuffle partition: the processor's with the champions the driver resolves, the writer's
@@ -260,45 +243,6 @@ def test_the_python_workers_load_the_champions_before_the_first_batch_or_the_sta
                                                r"'nobody'"):
         start_detection(spark, config, ChampionCache(detection_config))
     assert not spark.streams.active
-
-
-def test_job_states_written_and_read_back_in_one_exchange_with_the_state_server(spark):
-    """update_map_values and get_map_values send all their requests before reading the answers:
-    each answer must still be its own request's (in order, a job never written read as None, a
-    single key through PySpark's own call), in a real transformWithState on the RocksDB store."""
-    from pyspark.sql import Row
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
-    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
-
-    from pipelines.detection.processor import JOB_KEY_SCHEMA, STATE_SCHEMA, get_map_values, update_map_values
-
-    class WriteThenRead(StatefulProcessor):
-        def init(self, handle) -> None:
-            self.jobs = handle.getMapState("jobs", JOB_KEY_SCHEMA, STATE_SCHEMA)
-
-        def handleInputRows(self, key, rows, timerValues):
-            size = sum(1 for _ in rows) + 2
-            names = [(f"c/{key[0]}-{i}",) for i in range(size)]
-            update_map_values(self.jobs, [(name, (bytes([i]) * (5_000 + i),)) for i, name in enumerate(names)])
-            update_map_values(self.jobs, [(names[1], (b"rewritten",))])  # one: PySpark's own call
-            wanted = [names[-1], ("c/never",), *names[:-1]]
-            for position, value in enumerate(get_map_values(self.jobs, wanted) + get_map_values(self.jobs, [names[1]])):
-                yield Row(key=key[0], position=position, value=None if value is None else value[0])
-
-        def close(self) -> None:
-            pass
-
-    schema = StructType([StructField("key", IntegerType()), StructField("position", IntegerType()),
-                         StructField("value", BinaryType())])
-    frame = spark.createDataFrame([(k % 5,) for k in range(20)], "key int")
-    read = frame.groupBy("key").transformWithState(WriteThenRead(), schema, "Append", "None").collect()
-    size = 4 + 2  # four rows a key
-    expected_values = [bytes([size - 1]) * (5_000 + size - 1), None, bytes([0]) * 5_000, b"rewritten",
-                       *[bytes([i]) * (5_000 + i) for i in range(2, size - 1)], b"rewritten"]
-    assert len(read) == 5 * len(expected_values)
-    for bucket in range(5):
-        got = [r.value for r in sorted((r for r in read if r.key == bucket), key=lambda r: r.position)]
-        assert got == expected_values, bucket
 
 
 def test_a_record_reaches_the_processor_packed_and_unpacks_to_what_was_read(spark):
