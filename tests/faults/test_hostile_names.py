@@ -25,12 +25,12 @@ from pipelines.datasets import read_jsonl, write_jsonl
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
 from pipelines.incidents import policy
 from pipelines.incidents.comparison import compare
-from pipelines.io import kafka_clients
 from pipelines.reports.backtest import Evaluation
 from tests.conftest import LAB_BACKPRESSURE_RUN, LAB_LEAK_RUN, LAB_SKEW_RUN, first_opened
-from tests.pipelines.incidents.test_policy import rows_and_scores
-from tests.pipelines.reports.test_incident_page import Page
-from tests.test_cli import run_sentinel
+from tests.helpers.cli import environment_without_settings, run_sentinel
+from tests.helpers.incidents import rows_and_scores
+from tests.helpers.pages import Page
+from tests.helpers.topics import publish_incidents, report_topics
 
 MATH = "$x_1_2$"  # mathtext: a double subscript, a ParseFatalException
 SQL = "Calc(select=[a, EXPR$0])"  # how Flink SQL names an operator
@@ -271,20 +271,9 @@ def test_from_the_topics_records_that_are_not_incidents_are_skipped_and_told(lab
     opened = [e for e in incidents if e["incident_id"] == leak["incident_id"]][:1]
     undrawable = [{**opened[0], "incident_id": "odd-forecast", "forecast": {"eta_ms": "soon", "limit": "big"}},
                   {**opened[0], "incident_id": "odd-opened", "opened_at": None}]
-    incident_topic, input_topic = new_topic(), new_topic()
-    kafka = broker_config.kafka
-    producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
-    for value in [json.dumps(i).encode() for i in [*incidents, *odd, *undrawable]] + [
-            json.dumps({"incident_id": MARKUP, "summary": TERMINAL}).encode(), b"[1, 2]", b'"a string"',
-            b"\xff not JSON"]:
-        producer.send(incident_topic, value=value)
-    for path in events:
-        for event in read_jsonl(path):
-            producer.send(input_topic, key=f"{event['cluster']}/{event['job_id']}".encode(), value=json.dumps(event).encode())
-    producer.flush()
-    producer.close()
-    env = {"SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-           "SENTINEL_TOPICS__INCIDENTS": incident_topic, "SENTINEL_TOPICS__INPUT": input_topic}
+    records = [*incidents, *odd, *undrawable, json.dumps({"incident_id": MARKUP, "summary": TERMINAL}).encode(),
+               b"[1, 2]", b'"a string"', b"\xff not JSON"]
+    env = {"SENTINEL_STATE_DIR": str(tmp_path), **report_topics(broker_config.kafka, new_topic, records, events)}
     done = run_sentinel("report", env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "skipped 3 record(s) that are not incident events" in done.stderr and "\x1b" not in done.stderr
@@ -318,11 +307,7 @@ def test_the_incident_table_keeps_one_line_per_incident(config, tmp_path):
         rows["job_name"], rows["vertex_name"] = job_name, vertex_name
         incidents += policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
     assert len(incidents) == len(names)
-    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-    for incident in incidents:
-        producer.send(config.topics.incidents, key=incident["incident_id"].encode(), value=json.dumps(incident).encode())
-    producer.flush()
-    producer.close()
+    publish_incidents(config.kafka, config.topics.incidents, incidents)
     env = {"SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
            "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents}
     done = run_sentinel("incidents", "--from-beginning", "--max", str(len(incidents)), "--timeout", "30", env=env)
@@ -338,16 +323,15 @@ def test_the_incident_table_keeps_one_line_per_incident(config, tmp_path):
 def test_the_table_stops_when_its_reader_goes_away(config, tmp_path):
     """`sentinel incidents | head -1`: the reader closes the pipe after the header; the command
     stops at once and quietly (it hung with its consumer open: a failed print left it alive)."""
-    import os
     import subprocess
     import sys
     import time
 
-    from tests.test_cli import PROJECT_ROOT
+    from tests.conftest import PROJECT_ROOT
 
     rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family="skew", hot_subtask=1.0, records_in_max_over_mean=3.0)
     (incident,) = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SENTINEL_")},
+    env = {**environment_without_settings(),
            "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
            "SENTINEL_TOPICS__INCIDENTS": config.topics.incidents}
     process = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "incidents", "--from-beginning", "--timeout",
@@ -356,10 +340,7 @@ def test_the_table_stops_when_its_reader_goes_away(config, tmp_path):
         assert process.stdout.readline().startswith(b"event time (UTC)")  # it reads the topic
         process.stdout.close()
         # An incident after the reader has gone: its line is the write that fails.
-        producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-        producer.send(config.topics.incidents, key=incident["incident_id"].encode(), value=json.dumps(incident).encode())
-        producer.flush()
-        producer.close()
+        publish_incidents(config.kafka, config.topics.incidents, [incident])
         closed = time.monotonic()
         returncode = process.wait(timeout=60)
         stopped_after = time.monotonic() - closed

@@ -13,23 +13,11 @@ from pipelines.families import ALERTNAMES
 from pipelines.families import FAMILIES
 from pipelines.incidents import policy
 from pipelines.incidents.policy import PolicySettings, step
+from tests.helpers.incidents import rows_and_scores
 
 MIN = 60_000
 RULES = {f: PostRule(0.5, 2, 3) for f in FAMILIES}
 SETTINGS = PolicySettings(resolve_after_ms=10 * MIN, critical_eta_s=3600)
-
-
-def rows_and_scores(points, family="state_leak", vertex="v1", job="j1", **features):
-    """Feature rows (one per (minute, score)) and their scores for one entity."""
-    rows, scores = [], []
-    for i, (minute, score) in enumerate(points):
-        extra = {k: (v[i] if isinstance(v, list) else v) for k, v in features.items()}
-        rows.append({"cluster": "c", "job_id": job, "job_name": "orders", "vertex_id": vertex,
-                     "vertex_name": "Window" if vertex else None, "ts": minute * MIN, "trigger_kind": "checkpoint",
-                     "is_late": False, "job_state": "RUNNING", "last_failure_message": None, **extra})
-        scores.append({"row": i, "family": family, "score": score, "model_name": f"sentinel-{family}",
-                       "model_version": "3", "model_alias": "champion"})
-    return pd.DataFrame(rows), pd.DataFrame(scores)
 
 
 def test_opens_after_k_of_n_and_resolves_after_the_clear_time():

@@ -7,9 +7,7 @@ written from the runs' own events, then opened in Debian's chromium.
 
 from __future__ import annotations
 
-import json
 import subprocess
-from html.parser import HTMLParser
 
 import numpy as np
 import pytest
@@ -17,11 +15,12 @@ from PIL import Image
 
 from pipelines.datasets import read_jsonl
 from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
-from pipelines.io import kafka_clients
 from pipelines.reports.incident_page import JobMetrics, render_page, write_pages
 from tests.conftest import (LAB_BACKPRESSURE_RUN as BACKPRESSURE_RUN, LAB_LEAK_RUN as LEAK_RUN,
                             LAB_SKEW_RUN as SKEW_RUN, debian_binary, first_opened)
-from tests.test_cli import run_sentinel
+from tests.helpers.cli import run_sentinel
+from tests.helpers.pages import Page
+from tests.helpers.topics import report_topics
 
 
 @pytest.fixture(scope="module")
@@ -36,31 +35,6 @@ def pages(lab_runs, tmp_path_factory):
     folder = tmp_path_factory.mktemp("pages")
     written = write_pages(incidents, (e for path in events for e in read_jsonl(path)), folder)
     return folder, written
-
-
-class Page(HTMLParser):
-    """What a page is made of: its text, its links, anything it would fetch."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text, self.links, self.fetches, self.svgs = [], [], [], 0
-        self.feed(text)
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "svg":
-            self.svgs += 1
-        if tag == "a":
-            self.links.append(attrs.get("href"))
-        if tag in ("img", "script", "iframe", "link", "image", "use") and (attrs.get("src") or attrs.get("href")):
-            self.fetches.append((tag, attrs.get("src") or attrs.get("href")))
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    @property
-    def words(self) -> str:
-        return " ".join(" ".join(self.text).split())
 
 
 def test_every_incident_has_a_self_contained_page_and_the_index_lists_the_open_ones(lab_runs, pages):
@@ -150,18 +124,7 @@ def test_sentinel_report_reads_the_topics(lab_runs, broker_config, new_topic, tm
     """With no files, the incidents come from the incident topic and the metrics of their jobs from
     the input topic; `--incident` with an unknown id stops with a message."""
     events, incidents, truths = lab_runs
-    incident_topic, input_topic = new_topic(), new_topic()
-    kafka = broker_config.kafka
-    producer = kafka_clients.make_producer(kafka.bootstrap_servers, kafka.client_kwargs())
-    for incident in incidents:
-        producer.send(incident_topic, key=incident["incident_id"].encode(), value=json.dumps(incident).encode())
-    for path in events:
-        for event in read_jsonl(path):
-            producer.send(input_topic, key=f"{event['cluster']}/{event['job_id']}".encode(), value=json.dumps(event).encode())
-    producer.flush()
-    producer.close()
-    env = {"SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-           "SENTINEL_TOPICS__INCIDENTS": incident_topic, "SENTINEL_TOPICS__INPUT": input_topic}
+    env = {"SENTINEL_STATE_DIR": str(tmp_path), **report_topics(broker_config.kafka, new_topic, incidents, events)}
     leak = first_opened(incidents, STATE_LEAK, LEAK_RUN, truths)
     done = run_sentinel("report", "--incident", leak["incident_id"], env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-
 from models.post_rule import PostRule
 from pipelines.incidents import policy
-from pipelines.io import kafka_clients
 from pipelines.reports.incident_view import follow, format_incident
-from tests.pipelines.incidents.test_policy import rows_and_scores
+from tests.helpers.cli import run_sentinel
+from tests.helpers.incidents import rows_and_scores
+from tests.helpers.topics import publish_incidents
 
 
 def test_following_the_topic_from_the_beginning_shows_each_incident_event(config):
@@ -17,11 +17,7 @@ def test_following_the_topic_from_the_beginning_shows_each_incident_event(config
                                    records_in_max_over_mean=4.0)
     events = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
     assert [e["event"] for e in events] == ["opened", "resolved"]
-    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-    for event in events:
-        producer.send(config.topics.incidents, key=event["incident_id"].encode(), value=json.dumps(event).encode())
-    producer.flush()
-    producer.close()
+    publish_incidents(config.kafka, config.topics.incidents, events)
 
     seen = list(follow(config, from_beginning=True, timeout_s=10, max_events=2))
     assert [e["incident_id"] for e in seen] == [events[0]["incident_id"]] * 2
@@ -34,14 +30,9 @@ def test_following_the_topic_from_the_beginning_shows_each_incident_event(config
 
 
 def test_the_command_prints_json_lines_for_scripts_with_config_and_verbose_after_it(config, tmp_path):
-    from tests.test_cli import run_sentinel
-
     rows, scores = rows_and_scores([(0, 0.9), (1, 0.9)], family="skew", hot_subtask=1.0, records_in_max_over_mean=3.0)
     (opened,) = policy.step({}, rows, scores, {"skew": PostRule(0.5, 2, 3)}, policy.PolicySettings())
-    producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs())
-    producer.send(config.topics.incidents, key=opened["incident_id"].encode(), value=json.dumps(opened).encode())
-    producer.flush()
-    producer.close()
+    publish_incidents(config.kafka, config.topics.incidents, [opened])
     settings = tmp_path / "sentinel.yaml"
     settings.write_text(f"kafka: {{bootstrap_servers: '{config.kafka.bootstrap_servers}'}}\n"
                         f"topics: {{incidents: {config.topics.incidents}}}\nstate_dir: {tmp_path / 'state'}\n")
