@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from feature_store.definitions import FEATURES
 from pipelines.config import ConfigError, load_config
 from pipelines.families import (ALERTNAMES, ANOMALY, BACKPRESSURE, BY_NAME, CHECKPOINT_FAILURE, EVALUATION_ORDER,
                                 EXPLAINED_BY, FAMILIES, REGISTRY, SKEW, STATE_LEAK)
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_names_alertnames_and_model_names_are_unique():
@@ -63,3 +67,11 @@ def test_incidents_carry_the_registry_s_alertname_and_runbook():
     for family in REGISTRY:
         assert evidence.runbook(family.name, row) == list(family.runbook)
     assert ALERTNAMES[CHECKPOINT_FAILURE] == BY_NAME[CHECKPOINT_FAILURE].alertname == "FlinkCheckpointFailure"
+
+
+def test_what_operators_route_on_lists_every_alertname():
+    """Alertmanager routes on the alertname: the docs and the example Alertmanager config say which
+    there are, and a family added to the registry must show up in both."""
+    for path in ("docs/OPERATIONS.md", "infra/alertmanager/alertmanager.yml"):
+        text = " ".join((ROOT / path).read_text().split())
+        assert [f.alertname for f in REGISTRY if f.alertname not in text] == [], path
