@@ -18,7 +18,7 @@ from pipelines.detection.flink_job import replay
 from pipelines.detection.job import DETECTION_QUERY, start_detection
 from pipelines.detection.spark_state import state_partitions
 from pipelines.io.kafka_stream import process_all_published
-from tests.feature_store.test_compute import as_a_collector_reports
+from tests.helpers.events import as_a_collector_reports
 from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
 
 SEED = 11
