@@ -35,7 +35,8 @@ from pipelines.detection.observability import MetricsListener, checkpointed_newe
 from pipelines.detection.outputs import (DEAD_LETTER, INCIDENT, LATE, MODELS, OUTPUT_SCHEMA, SAMPLE,
                                          feature_log_writer)
 from pipelines.detection.processor import detect, load_models_on_workers
-from pipelines.detection.spark_state import UnsupportedPySpark, check_spark_versions, state_partitions
+from pipelines.detection.spark_state import (UnsupportedPySpark, check_spark_versions, relocate_checkpoint,
+                                             state_partitions)
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location
@@ -325,6 +326,9 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
                                 [config.topics.input, config.topics.incidents, config.topics.dead_letter],
                                 kafka.topic_partitions)
     _refuse_earlier_checkpoint(config)
+    for entry in relocate_checkpoint(config.checkpoint_dir(DETECTION_QUERY)):
+        log.warning("%s named its state schema files in another folder (a checkpoint copied or restored here): "
+                    "pointed at this one", entry)
     workers = _load_models_on_workers(spark, config)
     detection = config.detection
     metrics = DetectionMetrics()

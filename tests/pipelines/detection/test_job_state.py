@@ -101,9 +101,10 @@ def test_a_job_resumes_from_a_checkpoint_of_the_previous_state_version(spark, de
     config.detection.state_buckets = manifest["detection"]["state_buckets"]
     checkpoint = config.checkpoint_dir(DETECTION_QUERY)
     shutil.copytree(FIXTURE / "checkpoint", checkpoint.local_path())
-    # Spark names the operator's schema files by the absolute path they were written at.
-    assert relocate_checkpoint(checkpoint) == [str(checkpoint / "state" / "0" / "_metadata" / "v2" / "0")]
-    assert relocate_checkpoint(checkpoint) == []
+    # Spark names the operator's schema files by the absolute path they were written at: the job
+    # points them at the copy (relocate_checkpoint) before it starts.
+    operator_metadata = checkpoint / "state" / "0" / "_metadata" / "v2" / "0"
+    assert str(checkpoint) not in operator_metadata.read_text()
     publish(config, events)
 
     job = start_detection(spark, config, ChampionCache(config), available_now=True)
@@ -125,6 +126,8 @@ def test_a_job_resumes_from_a_checkpoint_of_the_previous_state_version(spark, de
         for name in FEATURE_NAMES:
             assert _same(logged[k][name], row[name]), (k, name, logged[k][name], row[name])
     assert job.sinks.late == {} and job.sinks.dead_letters == 0
+    assert f"file:{checkpoint.local_path()}/state/0/_stateSchema/" in operator_metadata.read_text()
+    assert relocate_checkpoint(checkpoint) == []  # nothing left to point elsewhere
 
     (stored,) = [i for i in manifest["published"] if i["event"] == "opened"]
     resumed = [i for i in read_topic(config, config.topics.incidents) if i["job_id"] == stored["job_id"]]

@@ -18,8 +18,9 @@ from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from pipelines.detection import spark_state
 from pipelines.detection.spark_state import (JobStates, StoredValue, UnsupportedPySpark, check_pyspark,
-                                             check_spark_versions, get_map_values, map_state_frames, spark_int_hash,
-                                             state_keys, state_partitions, supported_range, update_map_values)
+                                             check_spark_versions, get_map_values, map_state_frames,
+                                             relocate_checkpoint, spark_int_hash, state_keys, state_partitions,
+                                             supported_range, update_map_values)
 from pipelines.io.storage import Location
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -132,6 +133,49 @@ def test_the_checkpoint_of_the_previous_state_version_names_its_partitions():
     fixture = PROJECT_ROOT / "tests" / "fixtures" / "state_v1"
     manifest = json.loads((fixture / "manifest.json").read_text())
     assert state_partitions(Location.of(fixture / "checkpoint")) == manifest["shuffle_partitions"]
+
+
+def test_a_stateful_checkpoint_copied_elsewhere_resumes_there_once_relocated(spark, tmp_path):
+    """Spark's transformWithState metadata names its schema files by absolute path:
+    relocate_checkpoint points a copy at its own, and the copy resumes with the state it holds."""
+    import shutil
+
+    class Count(StatefulProcessor):
+        def init(self, handle) -> None:
+            self.count = StoredValue(handle, "count")
+
+        def handleInputRows(self, key, rows, timerValues):
+            total = int(self.count.get() or b"0") + sum(1 for _ in rows)
+            self.count.put(b"%d" % total)
+            yield Row(key=key[0], position=total, value=None)
+
+        def close(self) -> None:
+            pass
+
+    source = tmp_path / "in"
+    source.mkdir()
+
+    def run(checkpoint: Path, batch: int) -> dict[int, int]:
+        (source / f"{batch}.json").write_text("".join(json.dumps({"key": k % 3}) + "\n" for k in range(9)))
+        counts: dict[int, int] = {}
+        query = (spark.readStream.schema("key int").json(str(source)).groupBy("key")
+                 .transformWithState(Count(), ROWS, "Append", "None").writeStream
+                 .foreachBatch(lambda rows, _: counts.update({r.key: r.position for r in rows.collect()}))
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        try:
+            query.awaitTermination(300)
+        finally:
+            query.stop()
+        assert query.exception() is None
+        return counts
+
+    written, copy = tmp_path / "written", tmp_path / "copy"
+    assert run(written, 0) == {0: 3, 1: 3, 2: 3}
+    shutil.copytree(written, copy)
+    shutil.rmtree(written)  # the folder the metadata names is gone, as after a restore elsewhere
+    assert relocate_checkpoint(Location.of(copy)) == [str(Location.of(copy) / "state" / "0" / "_metadata" / "v2" / "0")]
+    assert relocate_checkpoint(Location.of(copy)) == []
+    assert run(copy, 1) == {0: 6, 1: 6, 2: 6}  # the counts went on from the copy's state
 
 
 def test_an_offsets_entry_that_is_not_sparks_is_named(tmp_path):
