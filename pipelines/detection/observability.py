@@ -10,7 +10,6 @@ registry, so the file and the page carry the same names and the same rules read 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from datetime import datetime
@@ -18,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import generate_latest, write_to_textfile
-from pyspark.sql.streaming import StreamingQueryListener
-from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 
+from pipelines.detection.spark_state import ProgressListener, checkpoint_watermark_ms
 from pipelines.telemetry import BatchProgress, DetectionMetrics
 
 log = logging.getLogger(__name__)
@@ -53,39 +51,8 @@ def checkpointed_newest_event_s(checkpoint: Any, watermark_delay_ms: int) -> flo
     has processed is: its latest watermark plus the watermark's delay, as Spark computes the
     watermark from the newest event time; None before its first watermark. A job restarted onto a
     quiet input has no batch to report it, and its event lag would otherwise be unknown."""
-    offsets = checkpoint / "offsets"
-    batches = [int(name) for name in offsets.names() if name.isdigit()] if offsets.exists() else []
-    if not batches:
-        return None
-    lines = (offsets / str(max(batches))).read_text().splitlines()
-    watermark_ms = json.loads(lines[1]).get("batchWatermarkMs", 0) if len(lines) > 1 else 0
-    return (watermark_ms + watermark_delay_ms) / 1000.0 if watermark_ms > 0 else None
-
-
-class ProgressListener(StreamingQueryListener):
-    """A ``StreamingQueryListener`` whose progress events cross from the JVM as one JSON string.
-
-    PySpark's own bridge builds each ``StreamingQueryProgress`` field by field, about a hundred
-    Py4J calls per event (every state operator's and source's metric is one): about 3.5 CPU s a
-    minute in the JVM's listener thread alone, with two listeners, in the 2,000-job fleet
-    benchmark. Here the event's JSON is read in one call and parsed in Python with PySpark's
-    ``fromJson``; the listener sees the same ``QueryProgressEvent``, its rates rounded to
-    0.1 row/s as Spark's JSON has them."""
-
-    # PySpark's private hook (pinned 4.3): what StreamingQueryManager.addListener hands to the
-    # JVM. tests/pipelines/detection/test_observability.py fails if an upgrade bypasses it.
-    @property
-    def _jlistener(self) -> Any:
-        from pyspark import SparkContext
-
-        if not hasattr(self, "_jlistenerobj"):
-            self._jlistenerobj = SparkContext._jvm.PythonStreamingQueryListenerWrapper(_JsonProgressEvents(self))
-        return self._jlistenerobj
-
-
-class _JsonProgressEvents(JStreamingQueryListener):
-    def onQueryProgress(self, jevent: Any) -> None:
-        self.pylistener.onQueryProgress(QueryProgressEvent.fromJson(json.loads(jevent.json())))
+    watermark_ms = checkpoint_watermark_ms(checkpoint)
+    return None if watermark_ms is None else (watermark_ms + watermark_delay_ms) / 1000.0
 
 
 class MetricsListener(ProgressListener):

@@ -18,7 +18,7 @@ from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from pipelines.detection import spark_state
 from pipelines.detection.spark_state import (JobStates, StoredValue, UnsupportedPySpark, check_pyspark,
-                                             check_spark_versions, get_map_values, map_state_frames,
+                                             check_spark_versions, checkpoint_watermark_ms, get_map_values, map_state_frames,
                                              relocate_checkpoint, spark_int_hash, state_keys, state_partitions,
                                              supported_range, update_map_values)
 from pipelines.io.storage import Location
@@ -129,10 +129,20 @@ def test_the_shuffle_partitions_are_read_from_the_offsets_log_spark_wrote(spark,
     assert state_partitions(Location.of(checkpoint)) == 3
 
 
-def test_the_checkpoint_of_the_previous_state_version_names_its_partitions():
+def test_the_detection_checkpoint_of_the_fixture_names_its_partitions_and_watermark():
+    """The v1 fixture's checkpoint, written by the detection job: its partitions, and a watermark
+    that is the newest event time read (in its first batch, all of them) less the watermark's delay."""
+    import gzip
+
     fixture = PROJECT_ROOT / "tests" / "fixtures" / "state_v1"
     manifest = json.loads((fixture / "manifest.json").read_text())
-    assert state_partitions(Location.of(fixture / "checkpoint")) == manifest["shuffle_partitions"]
+    checkpoint = Location.of(fixture / "checkpoint")
+    assert state_partitions(checkpoint) == manifest["shuffle_partitions"]
+    with gzip.open(fixture / "events.jsonl.gz", "rt") as lines:
+        newest = max(json.loads(line)["ts"] for _, line in zip(range(manifest["events_read"]), lines))
+    delay_ms = int(max(manifest["features"]["max_source_delay_s"], 10.0) * 1000)  # and lateness_s, 10 s
+    assert checkpoint_watermark_ms(checkpoint) == newest - delay_ms
+    assert checkpoint_watermark_ms(Location.of(fixture / "no-checkpoint")) is None
 
 
 def test_a_stateful_checkpoint_copied_elsewhere_resumes_there_once_relocated(spark, tmp_path):
