@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
-from typing import Callable
 
 from pipelines import simulator
 from pipelines.config import SentinelConfig
 from pipelines.contracts import input_event_key
 from pipelines.io import kafka_clients
+from tests.helpers.waiting import wait_for  # noqa: F401  (the detection tests import it from here)
 
 MINUTE = 60_000
 
@@ -68,11 +67,3 @@ def opened(incidents: list[dict], cluster: str = "e2e") -> list[dict]:
 
 def key(incident: dict) -> tuple:
     return incident["incident_id"], incident["event"], incident["updated_at"], incident["severity"]
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, every_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout_s:.0f}s")
-        time.sleep(every_s)
