@@ -32,20 +32,15 @@ from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
 from tests.pipelines.detection.conftest import detection_config_for
+from tests.helpers.metrics import sample_key, scrape
 from tests.pipelines.detection.helpers import fleet, fleet_events, key, publish, read_topic, wait_for, write_jsonl
 
 SEED = 7
 
 
-def scrape(url: str) -> dict:
-    from tests.pipelines.test_telemetry import scrape as scrape_metrics
-
-    return scrape_metrics(url)
-
-
 def metric(job, name: str, **labels: str) -> float | None:
     """One sample of the running job's /metrics, None while it has none."""
-    return scrape(job.metrics_server.url).get((f"checkpoint_sentinel_{name}", tuple(sorted(labels.items()))))
+    return scrape(job.metrics_server.url).get(sample_key(f"checkpoint_sentinel_{name}", **labels))
 
 
 def records_committed(config) -> int:
@@ -226,7 +221,7 @@ def test_a_champion_that_fails_to_load_or_scores_nan_blinds_its_family_alone_lou
     assert {i["family"] for i in published} <= {i["family"] for i in healthy}  # the blind ones publish nothing
 
     def value(name: str, family: str) -> float | None:
-        return scraped.get((f"checkpoint_sentinel_{name}", (("family", family),)))
+        return scraped.get(sample_key(f"checkpoint_sentinel_{name}", family=family))
 
     assert value("model_load_failures_total", "state_leak") >= 1
     assert value("model_scoring", "state_leak") == 0

@@ -20,7 +20,7 @@ from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import fleet, fleet_events, opened, read_topic, wait_for, write_jsonl
-from tests.pipelines.test_telemetry import scrape
+from tests.helpers.metrics import scrape, totals
 
 LETTER_LIMIT = 100_000  # bytes: far below the producer's 1 MiB request limit
 
@@ -39,14 +39,6 @@ def _poison(event: dict) -> list[tuple[bytes, bytes, str]]:
         (b"bad/record", json.dumps(event).replace('"ts": ', '"ts": 1e400, "was": ', 1).encode(), "malformed_json"),
         (b"bad/record", json.dumps({**event, "cluster": "c" * 300_000}).encode(), "schema_violation"),
     ]
-
-
-def _totals(url: str) -> dict[str, float]:
-    """Each metric of the job's /metrics summed over its labels."""
-    totals: dict[str, float] = {}
-    for (name, _), value in scrape(url).items():
-        totals[name] = totals.get(name, 0.0) + value
-    return totals
 
 
 def test_poison_records_become_bounded_dead_letters_and_the_job_goes_on(spark, broker_config, trained_store,
@@ -84,7 +76,7 @@ def test_poison_records_become_bounded_dead_letters_and_the_job_goes_on(spark, b
         wait_for(caught_up, 300, 1.0)
         time.sleep(3)  # another trigger or two: the job is still running after the poison
         assert job.query.isActive and job.query.exception() is None
-        scraped = _totals(job.metrics_server.url)
+        scraped = totals(scrape(job.metrics_server.url))  # each metric summed over its labels
     finally:
         job.stop()
 

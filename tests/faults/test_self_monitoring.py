@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines import simulator
 from pipelines.contracts import input_event_key
@@ -28,6 +27,7 @@ from pipelines.detection.champions import ChampionCache
 from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
 from tests.conftest import PROJECT_ROOT
+from tests.helpers import metrics
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import MINUTE, wait_for
 
@@ -36,15 +36,10 @@ DETECTION = '{query="detection"}'
 SCRAPE_EVERY_S = 5.0
 
 
-def samples(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def scrape(url: str) -> tuple[float, dict]:
+def scrape(url: str) -> tuple[float, metrics.Samples]:
     """When (wall clock) and what /metrics said."""
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return time.time(), samples(response.read().decode())
+    scraped = metrics.scrape(url)
+    return time.time(), scraped
 
 
 def staleness_rule(alert: str) -> tuple[str, float]:
@@ -144,12 +139,8 @@ def watched(spark, broker_config, trained_store, tmp_path_factory):
     return seen
 
 
-def names(text: str) -> set[str]:
-    return {s.name for family in text_string_to_metric_families(text) for s in family.samples}
-
-
 def test_the_text_file_and_metrics_page_carry_the_same_names(watched):
-    page, text_file = names(watched["metrics_page"]), names(watched["text_file"])
+    page, text_file = metrics.metric_names(watched["metrics_page"]), metrics.metric_names(watched["text_file"])
     assert page == text_file
     # What the rules and on-call read, in both.
     for name in ("checkpoint_sentinel_newest_event_timestamp_seconds", "checkpoint_sentinel_event_lag_seconds",

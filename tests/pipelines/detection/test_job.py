@@ -17,6 +17,7 @@ from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.incidents.comparison import compare
+from tests.helpers.metrics import samples, scrape, totals
 from tests.pipelines.detection.conftest import detection_config_for
 from tests.pipelines.detection.helpers import (fleet, fleet_events, job_environment, key, opened, publish, read_topic, wait_for,
                                                write_jsonl)
@@ -26,18 +27,9 @@ FAMILY_FLEET = ["healthy_steady", "healthy_warmup", "leak_linear", "backpressure
 SEED, MINUTES = 7, 75
 
 
-def scrape(url: str) -> dict:
-    from tests.pipelines.test_telemetry import scrape as scrape_metrics
-
-    return scrape_metrics(url)
-
-
 def incident_events_in(text_file: str) -> float:
     """The incident events a metrics text file counts, over all families, severities and events."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(s.value for family in text_string_to_metric_families(text_file) for s in family.samples
-               if s.name == "checkpoint_sentinel_incident_events_total")
+    return totals(samples(text_file)).get("checkpoint_sentinel_incident_events_total", 0.0)
 
 
 def run_available_now(spark, config):
