@@ -19,7 +19,7 @@ from pipelines.datasets import events_path, subset
 from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from tests.conftest import LAB_BACKPRESSURE_RUN, LAB_CORPUS, LAB_LEAK_RUN, LAB_SKEW_RUN
-from tests.pipelines.detection.helpers import write_jsonl
+from tests.helpers.detection_job import write_jsonl
 
 
 @pytest.fixture(scope="module")

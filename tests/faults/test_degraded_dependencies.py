@@ -31,9 +31,9 @@ from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
-from tests.pipelines.detection.conftest import detection_config_for
+from tests.helpers.detection_job import detection_config_for, fleet, fleet_events, key, publish, read_topic, write_jsonl
+from tests.helpers.waiting import wait_for
 from tests.helpers.metrics import sample_key, scrape
-from tests.pipelines.detection.helpers import fleet, fleet_events, key, publish, read_topic, wait_for, write_jsonl
 
 SEED = 7
 

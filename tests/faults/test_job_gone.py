@@ -12,8 +12,8 @@ from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.incidents.policy import JOB_GONE
-from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import fleet, fleet_events, publish, read_topic, wait_for, write_jsonl
+from tests.helpers.detection_job import detection_config_for, fleet, fleet_events, publish, read_topic, write_jsonl
+from tests.helpers.waiting import wait_for
 
 IDLE_S = 600
 

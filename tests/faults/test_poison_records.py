@@ -18,8 +18,8 @@ from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
-from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import fleet, fleet_events, opened, read_topic, wait_for, write_jsonl
+from tests.helpers.detection_job import detection_config_for, fleet, fleet_events, opened, read_topic, write_jsonl
+from tests.helpers.waiting import wait_for
 from tests.helpers.metrics import scrape, totals
 
 LETTER_LIMIT = 100_000  # bytes: far below the producer's 1 MiB request limit

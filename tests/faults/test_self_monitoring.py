@@ -28,8 +28,8 @@ from pipelines.detection.job import start_detection
 from pipelines.io import kafka_clients
 from tests.conftest import PROJECT_ROOT
 from tests.helpers import metrics
-from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import MINUTE, wait_for
+from tests.helpers.detection_job import MINUTE, detection_config_for
+from tests.helpers.waiting import wait_for
 
 RULES = PROJECT_ROOT / "infra" / "prometheus" / "sentinel-alerts.yml"
 DETECTION = '{query="detection"}'

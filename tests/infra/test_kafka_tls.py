@@ -24,7 +24,7 @@ from pipelines.io import kafka_clients
 from tests.conftest import debian_binary
 from tests.helpers.cli import run_sentinel
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
-from tests.pipelines.detection.helpers import fleet_events, fleet, publish, read_topic
+from tests.helpers.detection_job import fleet, fleet_events, publish, read_topic
 
 # Unique, so that finding it anywhere can only mean it leaked.
 KEY_PASSWORD = f"tls-key-password-{uuid.uuid4().hex}"

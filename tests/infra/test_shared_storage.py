@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT, S3Store
 from tests.helpers.cli import run_sentinel
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
-from tests.pipelines.detection.helpers import fleet_events, fleet, publish, read_topic
+from tests.helpers.detection_job import fleet, fleet_events, publish, read_topic
 
 SAGEMAKER_PYSPARK = "sagemaker-pyspark==1.4.5"
 HADOOP_AWS_JARS = ("hadoop-aws-3.3.1.jar", "aws-java-sdk-bundle-1.11.901.jar")

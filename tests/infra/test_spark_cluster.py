@@ -24,9 +24,9 @@ from infra.embedded_stack import free_port
 from pipelines import simulator
 from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
-from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (MINUTE, fleet_events, fleet, job_environment, opened, publish,
-                                               read_topic, wait_for, write_jsonl)
+from tests.helpers.detection_job import (MINUTE, detection_config_for, fleet, fleet_events, job_environment, opened,
+                                         publish, read_topic, write_jsonl)
+from tests.helpers.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

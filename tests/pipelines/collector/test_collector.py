@@ -14,7 +14,7 @@ from pipelines.config import CollectorConfig, FlinkClusterEndpoint
 from pipelines.contracts import INPUT
 from pipelines.io import kafka_clients
 from tests.pipelines.collector.flink_replay import RecordedFlink, recorded_polls
-from tests.pipelines.detection.helpers import wait_for
+from tests.helpers.waiting import wait_for
 
 
 def settings(tmp_path, **overrides) -> CollectorConfig:

@@ -16,7 +16,7 @@ from pipelines.collector import run_collector
 from pipelines.config import FlinkClusterEndpoint
 from pipelines.contracts import INPUT
 from pipelines.io import kafka_clients
-from tests.pipelines.detection.helpers import wait_for
+from tests.helpers.waiting import wait_for
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 JOB_SCRIPT = Path(__file__).parent / "flink_jobs" / "fleet_sql.py"

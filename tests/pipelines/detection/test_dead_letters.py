@@ -11,7 +11,8 @@ import orjson
 from pipelines.detection.dead_letters import DeadLetterSpool
 from pipelines.io import kafka_clients
 from pipelines.telemetry import DetectionMetrics
-from tests.pipelines.detection.helpers import read_topic, wait_for
+from tests.helpers.detection_job import read_topic
+from tests.helpers.waiting import wait_for
 
 
 def _letters(n: int, start: int = 0) -> list[tuple[str, bytes]]:

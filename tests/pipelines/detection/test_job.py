@@ -18,9 +18,9 @@ from pipelines.detection.flink_job import replay
 from pipelines.detection.job import start_detection
 from pipelines.incidents.comparison import compare
 from tests.helpers.metrics import samples, scrape, totals
-from tests.pipelines.detection.conftest import detection_config_for
-from tests.pipelines.detection.helpers import (fleet, fleet_events, job_environment, key, opened, publish, read_topic, wait_for,
-                                               write_jsonl)
+from tests.helpers.detection_job import (detection_config_for, fleet, fleet_events, job_environment, key, opened,
+                                         publish, read_topic, write_jsonl)
+from tests.helpers.waiting import wait_for
 
 FAMILY_FLEET = ["healthy_steady", "healthy_warmup", "leak_linear", "backpressure_slow_operator", "skew_hot_key",
                 "checkpoint_storage_errors"]

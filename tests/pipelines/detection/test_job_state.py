@@ -20,7 +20,7 @@ from pipelines.detection.flink_job import FlinkJobState
 from pipelines.detection.job import DETECTION_QUERY
 from pipelines.detection.job_state import STATE_VERSION, StoredStateError, decode, encode, migrate
 from pipelines.detection.spark_state import relocate_checkpoint
-from tests.pipelines.detection.helpers import publish, read_topic
+from tests.helpers.detection_job import publish, read_topic
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "state_v1"
 

@@ -12,7 +12,7 @@ from pipelines.detection.observability import MetricsListener, ProgressListener,
 from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics
 from tests.helpers.metrics import metric_names, samples
-from tests.pipelines.detection.helpers import wait_for
+from tests.helpers.waiting import wait_for
 
 
 class Progresses:

@@ -19,7 +19,7 @@ from pipelines.detection.job import DETECTION_QUERY, start_detection
 from pipelines.detection.spark_state import state_partitions
 from pipelines.io.kafka_stream import process_all_published
 from tests.helpers.events import as_a_collector_reports
-from tests.pipelines.detection.helpers import fleet, key, publish, read_topic, write_jsonl
+from tests.helpers.detection_job import fleet, key, publish, read_topic, write_jsonl
 
 SEED = 11
 

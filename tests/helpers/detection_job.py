@@ -1,18 +1,36 @@
-"""Shared steps of the detection job's end-to-end tests: publish, run, read back."""
+"""Shared steps of the detection job's end-to-end tests: a config of its own, publish, run, read back."""
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 from pipelines import simulator
-from pipelines.config import SentinelConfig
+from pipelines.config import SentinelConfig, TopicsConfig
 from pipelines.contracts import input_event_key
 from pipelines.io import kafka_clients
-from tests.helpers.waiting import wait_for  # noqa: F401  (the detection tests import it from here)
 
 MINUTE = 60_000
+
+
+def detection_config_for(broker_config: SentinelConfig, trained_store: SentinelConfig, folder: Path) -> SentinelConfig:
+    """Topics, checkpoints and offline store of its own on the session broker, scoring with the
+    session's champions."""
+    suffix = uuid.uuid4().hex[:8]
+    cfg = broker_config.model_copy(deep=True)
+    cfg.topics = TopicsConfig(input=f"metrics-{suffix}", incidents=f"incidents-{suffix}", dead_letter=f"dlq-{suffix}")
+    cfg.state_dir = folder
+    cfg.spark.checkpoint_location = folder / "checkpoints"
+    cfg.features.offline_path = folder / "feature_store"
+    cfg.detection.metrics_file = folder / "metrics" / "sentinel.prom"
+    cfg.mlflow = trained_store.mlflow.model_copy(deep=True)
+    cfg.spark.trigger_interval = "1 second"
+    kafka_clients.ensure_topics(cfg.kafka.bootstrap_servers, cfg.kafka.client_kwargs(),
+                                [cfg.topics.input, cfg.topics.incidents, cfg.topics.dead_letter],
+                                cfg.kafka.topic_partitions)
+    return cfg
 
 
 def job_environment(config: SentinelConfig, **extra: str) -> dict[str, str]:
