@@ -126,7 +126,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("in_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest input buffer pool usage"),
     Feature("out_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest output buffer pool usage"),
     Feature("start_delay_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
-            "largest barrier start delay among the vertex's subtasks"),
+            "largest barrier start delay among the vertex's subtasks (a subtask that never acknowledged a failed "
+            "checkpoint: at least that checkpoint's duration)"),
     Feature("alignment_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
             "largest alignment duration among the vertex's subtasks"),
     Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints", "relative slope of the largest start delay"),

@@ -268,6 +268,16 @@ def is_flat(points: Sequence[Sequence[float]]) -> bool:
     return growth <= FLAT_MAX_GROWTH
 
 
+def _censored_delays(subtasks: Sequence[dict], delays: list, duration_ms: float | None) -> list:
+    """A failed checkpoint's start delays: a subtask that never acknowledged it had not taken its
+    barrier when it failed, so it waited at least the checkpoint's duration. Unknown, a bottleneck
+    whose checkpoints all expire would read as one that was never waited on."""
+    if duration_ms is None:
+        return delays
+    return [duration_ms if delay is None and sub.get("end_to_end_duration_ms") is None else delay
+            for sub, delay in zip(subtasks, delays)]
+
+
 def _over(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
 
@@ -491,6 +501,8 @@ class JobFeatureState:
             subs = sorted(vertex.get("subtasks") or [], key=lambda s: s["index"])
             states = [s.get("state_size_bytes") for s in subs]
             delays = [s.get("start_delay_ms") for s in subs]
+            if failed:
+                delays = _censored_delays(subs, delays, event.get("end_to_end_duration_ms"))
             self.vertex_checkpoint[vid] = {
                 "states": states if not failed else self.vertex_checkpoint.get(vid, {}).get("states", []),
                 "delays": delays, "alignments": [s.get("alignment_duration_ms") for s in subs],

@@ -349,6 +349,21 @@ def test_barrier_wait_trends():
     assert vertex["start_delay_max_ms"] == 300 and vertex["alignment_max_ms"] == 150
 
 
+def test_a_subtask_that_never_acknowledged_a_failed_checkpoint_waited_at_least_its_duration():
+    """A bottleneck whose checkpoints all expire never reports a start delay: read as the
+    checkpoint's duration (a lower bound), not as unknown, and not for a subtask that did acknowledge."""
+    expired = checkpoint(T0 + 60_000, 0, status="FAILED", e2e=8_000, subtask_states=[1, 1, 1], delays=[40, 40, 40])
+    expired["vertices"][0]["subtasks"][0].update(start_delay_ms=None, end_to_end_duration_ms=None)
+    for acknowledged in expired["vertices"][0]["subtasks"][1:]:
+        acknowledged.update(end_to_end_duration_ms=45)
+    vertex = rows_at([checkpoint(T0, 100), expired], vertex=V1)
+    assert vertex["start_delay_max_ms"] == 8_000
+    assert vertex["start_delay_max_over_median"] == pytest.approx(8_000 / 40)  # the acknowledged one kept its own
+    completed = checkpoint(T0 + 60_000, 100, e2e=8_000, delays=[40, 40])
+    completed["vertices"][0]["subtasks"][0].update(start_delay_ms=None, end_to_end_duration_ms=None)
+    assert rows_at([checkpoint(T0, 100), completed], vertex=V1)["start_delay_max_ms"] == 40  # completed: unknown stays unknown
+
+
 def test_job_age_counts_from_the_start_its_checkpoint_ids_tell_and_from_the_last_restart():
     def numbered(ts, cid):
         return {**checkpoint(ts, 100), "checkpoint_id": cid, "trigger_ts": ts - 1000}
