@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover - another scikit-learn layout
 from feature_store.definitions import FEATURES, features_of
 from pipelines.families import FAMILIES, LOCALISED
 
-FEATURE_SET_VERSION = 4  # bump when a family's feature list changes meaning
+FEATURE_SET_VERSION = 5  # bump when a family's feature list changes meaning
 
 # No job age: in the simulated fleet every fault strikes a job hours old, in the lab minutes old,
 # and a detector that reads age learns "young jobs do not fail" (measured: backpressure and skew
@@ -51,8 +51,11 @@ def default_features(family: str) -> tuple[str, ...]:
         # the backpressured time of the vertices around it says the same thing either way.
         # No subtask means either: a vertex is as fast as its slowest subtask, and a mean hides
         # one hot subtask that saturates (the more so, the higher the parallelism).
+        # No growth of the barriers' delays: a saturated bottleneck's checkpoints all expire, its
+        # delays stop growing at the timeout, and a model reading their slopes let go of it there.
         named = tuple(n for n in _relative(features_of("backpressure"))
-                      if n not in ("in_pool_max", "out_pool_max", "busy_mean", "idle_mean"))
+                      if n not in ("in_pool_max", "out_pool_max", "busy_mean", "idle_mean",
+                                   "start_delay_rel_slope_per_h", "alignment_rel_slope_per_h"))
         return CONTEXT + named + ("busy_reported", "checkpoint_duration_over_interval",
                                   "checkpoint_duration_over_timeout")
     if family == "skew":
