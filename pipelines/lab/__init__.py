@@ -197,10 +197,13 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
         faults.append({"family": CHECKPOINT_FAILURE, "onset_ts": failures[0], "vertex_id": None, "vertex_name": None,
                        "subtask_index": None, "description": "checkpoints failed during the run"})
     faults.sort(key=lambda f: f["onset_ts"])
-    return {"cluster": LAB_CLUSTER, "job_id": job_id, "job_name": job_name, "scenario": f"lab_{variant.scenario}",
-            "family": faults[0]["family"] if faults else "healthy", "families": sorted({f["family"] for f in faults}),
-            "run_id": variant.run_id, "seed": None, "index": 0, "start_ts": start_ts, "end_ts": end_ts,
-            "source": "lab", "faults": faults}
+    truth = {"cluster": LAB_CLUSTER, "job_id": job_id, "job_name": job_name, "scenario": f"lab_{variant.scenario}",
+             "family": faults[0]["family"] if faults else "healthy", "families": sorted({f["family"] for f in faults}),
+             "run_id": variant.run_id, "seed": None, "index": 0, "start_ts": start_ts, "end_ts": end_ts,
+             "source": "lab", "faults": faults}
+    if variant.warmup_horizon_s is not None:
+        truth["warmup_horizon_s"] = variant.warmup_horizon_s
+    return truth
 
 
 def _vertex_name(fault, names: dict[str, str]) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from models.post_rule import DEFAULT_WARMUP_HORIZON_S
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 
 DATASTREAM, SQL = "datastream", "sql"
@@ -49,6 +50,8 @@ class LabVariant:
     kind: str = DATASTREAM  # the job's API: a DataStream job or a SQL / Table API job
     script: str = "scenario_job.py"  # in flink_jobs/
     flink_version: str = ORIGINAL_VERSION
+    # The warm-up its operator would declare (``detection.job_overrides``); None: the default horizon.
+    warmup_horizon_s: float | None = None
 
     @property
     def length(self) -> str:
@@ -100,7 +103,15 @@ def healthy_ttl(ttl_s=30, backend="hashmap", p=1, rate=150, payload=100, interva
     return LabVariant(_id("healthy_ttl", f"ttl{ttl_s}", backend, f"p{p}", f"r{rate}", f"i{interval_ms}"), "healthy_ttl",
                       f"state TTL {ttl_s}s: state grows for {ttl_s}s, then stays flat",
                       _args(ttl_s=ttl_s, parallelism=p, rate=rate, payload_bytes=payload,
-                            checkpoint_interval_ms=interval_ms, **_backend(backend)), duration_s=duration_s)
+                            checkpoint_interval_ms=interval_ms, **_backend(backend)), duration_s=duration_s,
+                      warmup_horizon_s=declared_horizon(ttl_s))
+
+
+def declared_horizon(ttl_s: float) -> float | None:
+    """The warm-up horizon an operator declares for a job whose state TTL outlasts the default
+    horizon (the TTL and a minute for the last keys' expiry to show in a checkpoint); None where
+    the default covers it."""
+    return float(ttl_s) + 60.0 if ttl_s > DEFAULT_WARMUP_HORIZON_S else None
 
 
 def healthy_window(window_s=60, p=1, rate=150, backend="hashmap", duration_s=300):
