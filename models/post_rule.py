@@ -31,6 +31,11 @@ A rule may also require **evidence**: at least one of some feature columns at or
 a restart or a full JobManager heap; the backpressure rule wants another vertex waiting on this
 one). A decision nobody could explain from the incident is not made.
 
+A rule may name **decisive** evidence: feature columns at or above a minimum that decide without
+the score (the checkpoint-failure rule's: a failed checkpoint in the job's own history is the
+failure, reported at once, not a checkpoint later when the score has caught up). The guards still
+apply.
+
 :meth:`PostRule.decide` (one evaluation, as the live policy calls it) and
 :meth:`PostRule.decisions` (every row of a frame at once, for calibration) share one
 implementation of the persistence count's threshold and of every guard.
@@ -68,6 +73,7 @@ class PostRule:
     decelerating_below: float = 0.8
     evidence: tuple[tuple[str, float], ...] = ()
     startup_s: float = 0.0  # no decision this soon after the job (re)started
+    decisive: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -128,6 +134,14 @@ class PostRule:
         """:meth:`decisions` on arrays: ``group`` codes each row's entity, ``columns`` holds the
         :meth:`guard_columns` (NaN where unknown), and ``past_group``/``past_scores`` are scores
         the entities had before these rows, oldest first within each entity."""
+        return self.decide_and_hold_rows(group, scores, times, columns, horizon_s, past_group, past_scores)[0]
+
+    def decide_and_hold_rows(self, group: np.ndarray, scores: np.ndarray, times: np.ndarray,
+                             columns: Mapping[str, np.ndarray], horizon_s: float | np.ndarray,
+                             past_group: np.ndarray | None = None,
+                             past_scores: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`decide_rows`, and where a decision is *held*: the score and evidence decide, but
+        the warm-up or start-up guard holds it back (a fault that may still be a warm-up)."""
         n_rows = len(scores)
         if past_group is not None and len(past_group):
             group = np.r_[group, past_group]
@@ -145,27 +159,45 @@ class PostRule:
         counts = np.empty(len(g), dtype=np.int64)
         counts[order] = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
         horizon = np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (n_rows,))
-        return self._decided(counts[:n_rows], columns, horizon)
+        return self._decided_and_held(counts[:n_rows], columns, horizon)
 
     # --- the one implementation -------------------------------------------------------------------
 
     def guard_columns(self) -> tuple[str, ...]:
         """The feature columns the rule's guards and evidence read."""
         return ((GUARD_COLUMNS if self.warmup_guard else ()) + (("job_age_s",) if self.startup_s else ())
-                + tuple(c for c, _ in self.evidence))
+                + tuple(c for c, _ in self.evidence) + tuple(c for c, _ in self.decisive))
 
     def _decided(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
-        decided = counts >= self.k
+        return self._decided_and_held(counts, columns, horizon_s)[0]
+
+    def _decided_and_held(self, counts: np.ndarray, columns: Mapping[str, np.ndarray],
+                          horizon_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        scored = counts >= self.k
         if self.evidence:
             shown = np.zeros(len(counts), dtype=bool)
             for column, minimum in self.evidence:
                 shown |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
-            decided &= shown
+            scored &= shown
+        for column, minimum in self.decisive:
+            scored |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
+        decided = scored.copy()
         if self.warmup_guard:
             decided &= self._past_warmup(columns, horizon_s)
         if self.startup_s:
             decided &= np.nan_to_num(columns["job_age_s"], nan=0.0) >= self.startup_s  # unknown: just started
-        return decided
+        return decided, scored & ~decided & self._guarding(columns, horizon_s)
+
+    def _guarding(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
+        """Where a guard is still running: the job younger than its warm-up horizon or start-up
+        time (past them, a decision the guards refuse is a refusal, not a wait)."""
+        age = np.nan_to_num(c["job_age_s"], nan=0.0) if "job_age_s" in c else np.zeros(len(horizon_s))
+        running = np.zeros(len(age), dtype=bool)
+        if self.warmup_guard:
+            running |= age < horizon_s
+        if self.startup_s:
+            running |= age < self.startup_s
+        return running
 
     def past_warmup(self, frame: pd.DataFrame, horizon_s: float | np.ndarray) -> np.ndarray:
         """Where the warm-up guard leaves the decision to the score, at every row of ``frame``."""
@@ -189,7 +221,7 @@ class PostRule:
     # --- persistence ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "evidence": [list(e) for e in self.evidence]}
+        return {**asdict(self), "evidence": [list(e) for e in self.evidence], "decisive": [list(e) for e in self.decisive]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PostRule":
@@ -197,7 +229,8 @@ class PostRule:
         values = {k: v for k, v in d.items() if k in known}
         if "warmup_s" in d:  # a rule saved before the horizon moved to the config
             values["warmup_guard"] = bool(d["warmup_s"])
-        return cls(**{**values, "evidence": tuple(tuple(e) for e in d.get("evidence", ()))})
+        return cls(**{**values, "evidence": tuple(tuple(e) for e in d.get("evidence", ())),
+                      "decisive": tuple(tuple(e) for e in d.get("decisive", ()))})
 
     # --- calibration ------------------------------------------------------------------------------
 

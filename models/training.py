@@ -72,7 +72,8 @@ ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # * backpressure is another vertex waiting on this one: a busy vertex alone (an operator
 #   starting up, PyFlink's Python workers) is not;
 # * a checkpoint-failure incident must show a failure (in the history or Flink's counter), a
-#   checkpoint near its timeout, a pile-up, a restart or a nearly full JobManager heap;
+#   checkpoint near its timeout, a pile-up, a restart or a nearly full JobManager heap; a failed
+#   checkpoint in the history decides by itself (on-call hears of it at that failure);
 # * skew (a share of records-in rates) and anomalies (the job unlike its usual self) wait out the
 #   first minute after a (re)start: Flink's rates are one-minute meters that fill unevenly, and
 #   a job's first checkpoints are not its usual behaviour. Measured on the lab's test split, 3 of
@@ -85,7 +86,8 @@ POST_RULE_GUARDS = {
     ANOMALY: {"startup_s": STARTUP_S},
     CHECKPOINT_FAILURE: {"evidence": (("checkpoint_failed_fraction", 1e-9), ("checkpoint_duration_over_timeout", 0.5),
                                       ("checkpoints_in_progress", 2.0), ("restarts_in_window", 1.0),
-                                      ("jm_heap_ratio", 0.9), ("checkpoint_failures_counted", 1.0))},
+                                      ("jm_heap_ratio", 0.9), ("checkpoint_failures_counted", 1.0)),
+                         "decisive": (("checkpoint_failed_fraction", 1e-9),)},
 }
 
 Progress = Callable[[str], None]

@@ -102,6 +102,23 @@ def test_a_rule_with_evidence_decides_only_when_a_row_shows_some():
     assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule  # survives the JSON metadata
 
 
+def test_decisive_evidence_decides_whatever_the_score_and_a_guard_still_holds_it_back():
+    rule = PostRule(0.9, 2, 3, evidence=(("checkpoint_duration_over_timeout", 0.5),),
+                    decisive=(("checkpoint_failed_fraction", 1e-9),), startup_s=60.0)
+    frame = pd.DataFrame({"cluster": "c", "job_id": ["first-failure", "near-timeout", "young-failure", "unknown"],
+                          "vertex_id": None, "ts": 1, "score": 0.5, "job_age_s": [300.0, 300.0, 10.0, 300.0],
+                          "checkpoint_failed_fraction": [0.08, 0.0, 0.5, None],
+                          "checkpoint_duration_over_timeout": [1.0, 0.9, 1.0, None]})
+    assert rule.decisions(frame).tolist() == [True, False, False, False]
+    assert [rule.decide([0.5], row) for row in frame.to_dict("records")] == [True, False, False, False]
+    group = np.arange(4)
+    columns = {c: frame[c].to_numpy(dtype="float64") for c in rule.guard_columns()}
+    decided, held = rule.decide_and_hold_rows(group, frame["score"].to_numpy(), frame["ts"].to_numpy(dtype="float64"),
+                                              columns, 180.0)
+    assert decided.tolist() == [True, False, False, False] and held.tolist() == [False, False, True, False]
+    assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+
+
 def test_calibration_prefers_persistence_when_single_points_are_noise():
     rng = np.random.default_rng(0)
     rows = []
