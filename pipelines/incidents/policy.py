@@ -145,9 +145,10 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         return _terminal(state, rows)
     scored, names = _scored(rows, scores, rules)
     _forget_returning_jobs(state, scored, names, settings.forget_after_ms)
-    decided = _decisions(state, scored, names, rules, settings)
-    active = _active(state, scored, names, decided)
-    events = _transitions(state, rows, scored[active].reset_index(drop=True), names, decided[active], rules, settings)
+    decided, held = _decisions(state, scored, names, rules, settings)
+    active = _active(state, scored, names, decided | held)
+    events = _transitions(state, rows, scored[active].reset_index(drop=True), names, decided[active], rules, settings,
+                          held[active])
     _remember(state, scored[~active], names, rules)
     return events + _terminal(state, rows)
 
@@ -214,8 +215,8 @@ def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: _Names, for
 
 
 def any_open(job: dict) -> bool:
-    """Whether a job's policy entry has an incident open."""
-    return any(isinstance(e, dict) and e.get("open") for e in job.values())
+    """Whether a job's policy entry has an incident open, or a suspicion held (see :func:`_suspicion`)."""
+    return any(isinstance(e, dict) and (e.get("open") or e.get("held")) for e in job.values())
 
 
 def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarray) -> np.ndarray:
@@ -228,13 +229,13 @@ def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarra
     first = np.unique(entity, return_index=True)[1]
     for code, job_code in zip(entity[first].tolist(), scored["_job"].to_numpy()[first].tolist()):
         if not changing[code]:
-            open_ = state.get(jobs[job_code], {}).get(entities[code], {}).get("open")
-            changing[code] = bool(open_)
+            entity_state = state.get(jobs[job_code], {}).get(entities[code], {})
+            changing[code] = bool(entity_state.get("open") or entity_state.get("held"))
     return changing[entity]
 
 
 def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _Names, decided: np.ndarray,
-                 rules: Mapping[str, PostRule], settings: PolicySettings) -> list[dict]:
+                 rules: Mapping[str, PostRule], settings: PolicySettings, held: np.ndarray | None = None) -> list[dict]:
     """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
     jobs, entities = names.jobs, names.entities
     columns = {name: scored[name].tolist() for name in scored.columns}
@@ -251,12 +252,20 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
             entity["recent"] = (entity["recent"] + [recent[i]])[-RECENT_VALUES:]
         job_settings = settings.for_job(columns["job_name"][i])
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
-        if not holds and entity["open"] is None:
+        suspected = (held is not None and bool(held[i]) and family not in job_settings.mute
+                     and columns["job_state"][i] not in TERMINAL_STATES)
+        if not suspected and columns["job_state"][i] not in TERMINAL_STATES:
+            entity.pop("held", None)  # the guard lifted, or the score no longer says so: judged as usual
+        if not holds and entity["open"] is None and (not suspected or "held" in entity):
             continue  # nothing can change: the full record is not needed
         record = {**full_record(columns["_row"][i]), "row": columns["_row"][i], "family": family,
                   "score": columns["score"][i], "model_name": columns["model_name"][i],
                   "model_version": columns["model_version"][i], "model_alias": columns["model_alias"][i]}
         forecast = ev.leak_forecast(record, job_settings.state_limit_bytes) if family == STATE_LEAK else None
+        if suspected and not holds and entity["open"] is None:
+            if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
+                entity["held"] = _suspicion(entity, record, forecast, job_settings)
+            continue
         if holds and (family in EXPLAINED_BY or family in ONE_PER_JOB):
             cause = _open_cause(job, family, record.get("vertex_id"))
             if cause is not None:
@@ -324,11 +333,13 @@ def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[s
 
 
 def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule],
-               settings: PolicySettings) -> np.ndarray:
-    """Each row's post-rule decision, one vectorised call per family: every entity continues the
+               settings: PolicySettings) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's post-rule decision, and whether a guard holds it back (see
+    :meth:`PostRule.decide_and_hold_rows`), one vectorised call per family: every entity continues the
     persistence count from the scores the state kept of it; each job gets its own warm-up
     horizon, and a configured state limit shortens the leak's ETA to its limit."""
     decided = np.zeros(len(scored), dtype=bool)
+    held = np.zeros(len(scored), dtype=bool)
     jobs, entities = names.jobs, names.entities
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
@@ -348,11 +359,11 @@ def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[
         if family == STATE_LEAK and "limit_eta_s" in columns:
             limits = np.array([job_settings[name].state_limit_bytes for name in named], dtype="float64")[name_code]
             columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], ev.configured_limit_eta_s(part, limits))
-        decided[part.index] = rule.decide_rows(entity, part["score"].to_numpy(dtype="float64"),
+        decided[part.index], held[part.index] = rule.decide_and_hold_rows(entity, part["score"].to_numpy(dtype="float64"),
                                                part["ts"].to_numpy(dtype="float64"), columns, horizon,
                                                np.asarray(past_group, dtype=np.int64),
                                                np.asarray(past_scores, dtype="float64"))
-    return decided
+    return decided, held
 
 
 def _entities(job: dict):
@@ -528,10 +539,56 @@ def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
     ended = rows[rows["job_state"].isin(TERMINAL_STATES)].sort_values("ts", kind="stable")
     for record in ended.to_dict("records"):
         job = state.get(f"{record['cluster']}/{record['job_id']}", {})
+        events.extend(_suspicions(job, int(record["ts"]), "the job ended"))
         for family, _, entity in _entities(job):
             if entity["open"]:
                 events.append(_resolve_now(entity, family, record))
     return events
+
+
+def _suspicions(job: dict, at_ms: int, why: str) -> list[dict]:
+    """The suspicions a job still holds as it ends or goes away (see :func:`_unconfirmed`), but
+    those an open cause explains (a symptom of it, as it would have been once confirmed)."""
+    events = []
+    for family, vertex_id, entity in _entities(job):
+        if entity.get("held"):
+            if _open_cause(job, family, vertex_id or None) is None:
+                events.extend(_unconfirmed(entity, at_ms, why))
+            else:
+                del entity["held"]
+    return events
+
+
+UNCONFIRMED = "unconfirmed"
+
+
+def _suspicion(entity: dict, record: dict, forecast: dict | None, job_settings: JobSettings) -> dict:
+    """What a decision a guard holds back becomes if the job ends or goes away before the guard
+    lifts: the opening of an ``info`` incident, kept until then (see :func:`_unconfirmed`)."""
+    family, ts = record["family"], int(record["ts"])
+    guard = (f"its {job_settings.warmup_horizon_s:.0f} s warm-up horizon" if family == STATE_LEAK
+             else "its start-up time")
+    entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
+                      "opened_at": ts, "severity": "info", "eta_ms": None, "eta_at": ts, "clear_since": None}
+    event = _event("opened", entity, record, forecast, "info")
+    entity["open"] = None
+    event["summary"] = f"[suspected] {event['summary']} (not confirmed: within {guard})"
+    return {"event": event, "guard": guard}
+
+
+def _unconfirmed(entity: dict, at_ms: int, why: str) -> list[dict]:
+    """A suspicion still held when its job ended or went away: published as an ``info`` incident
+    opened where the guard first held it back and resolved at once, ``resolution: unconfirmed``.
+    A fault shorter than its guard is told, not swallowed; it never pages (severity ``info``)."""
+    held = entity.pop("held")
+    opened = {**held["event"], "labels": {**held["event"]["labels"], "severity": "info"}}
+    ts = max(at_ms, opened["updated_at"])
+    where = f" / {opened['vertex_name']}" if opened.get("vertex_name") else ""
+    resolved = {**opened, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None,
+                "summary": f"[resolved] suspected {opened['family'].replace('_', ' ')} in {opened['job_name']}{where}: "
+                           f"not confirmed, {why} within {held['guard']}",
+                "labels": {**opened["labels"], "event": "resolved"}, "resolution": UNCONFIRMED}
+    return [opened, resolved]
 
 
 def incident_labels(family: str, record: dict, open_: dict, severity: str, kind: str) -> dict:
@@ -607,7 +664,7 @@ def resolve_gone(job: dict, at_ms: int, silent_ms: int) -> list[dict]:
     """Resolve every incident still open on a job silent for ``silent_ms`` (the idle timeout), at
     ``at_ms``: a job cancelled without a last status, or whose cluster went away, must not keep its
     alert firing forever. Each event repeats the incident's last one, marked ``resolution: job_gone``."""
-    events = []
+    events = _suspicions(job, at_ms, f"nothing was heard of the job for {silent_ms // 60_000} min")
     for family, _, entity in _entities(job):
         open_ = entity["open"]
         if not open_:
