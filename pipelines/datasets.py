@@ -101,5 +101,9 @@ def subset(dataset: Path, runs: Sequence[str], destination: Path) -> Path:
     missing = wanted - found
     if missing:
         raise ValueError(f"{dataset} has no run {', '.join(sorted(missing))}")
+    source = Path(dataset) / "manifest.json"
+    described = json.loads(source.read_text()).get("runs", {}) if source.is_file() else {}
+    if described:
+        manifest["runs"] = {run: entry for run, entry in described.items() if run in found}
     (Path(destination) / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return Path(destination)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -45,6 +45,26 @@ class Evaluation:
     baseline_incidents: list[dict]
     versions: dict[str, str]
     truths: list[dict]
+    strata: dict[str, str] = field(default_factory=dict)  # run -> its Flink version, job kind and length
+
+    def stratum_lines(self) -> list[str]:
+        """A line per Flink version, job kind and run length (the dataset manifest's), the
+        champions next to the static alarms; none when the runs carry no such labels."""
+        if not self.strata:
+            return []
+        header = (f"{'runs':<30} {'n':>3} {'faults found':>12} {'false (healthy)':>15} {'false families':>14}"
+                  f" {'median delay':>12} | {'static: found':>13} {'false (healthy)':>15} {'false families':>14}"
+                  f" {'median delay':>12}")
+        lines = [header, "-" * len(header)]
+        for stratum in sorted(set(self.strata.values()), key=_stratum_order):
+            runs = {run for run, s in self.strata.items() if s == stratum}
+            m = Comparison([r for r in self.comparison.runs if r.run in runs]).metrics()
+            b = Comparison([r for r in self.baseline.runs if r.run in runs]).metrics()
+            lines.append(f"{fit(stratum, 30)} {m['runs']:>3.0f} {_of(m):>12} {m['false_incidents_on_healthy']:>15.0f}"
+                         f" {m['false_families_on_faulty']:>14.0f} {_sec(m['delay_s_median']):>12} | {_of(b):>13}"
+                         f" {b['false_incidents_on_healthy']:>15.0f} {b['false_families_on_faulty']:>14.0f}"
+                         f" {_sec(b['delay_s_median']):>12}")
+        return lines
 
     def run_lines(self) -> list[str]:
         """A line per run; its names made printable and fitted to their columns."""
@@ -75,6 +95,24 @@ class Evaluation:
                      f" (static alarms {_num(b['false_incidents_per_healthy_run'])}); false families on faulty runs "
                      f"{m['false_families_on_faulty']:.0f} (static alarms {b['false_families_on_faulty']:.0f})")
         return lines
+
+
+def _of(metrics: dict) -> str:
+    return f"{metrics['faults_found']:.0f} of {metrics['faults']:.0f}"
+
+
+def _stratum_order(stratum: str) -> tuple:
+    version = stratum.split(" ")[1] if stratum.startswith("Flink ") else ""
+    return (tuple(-int(p) for p in version.split(".") if p.isdigit()), stratum)
+
+
+def run_strata(dataset: Path) -> dict[str, str]:
+    """Each run's stratum from the dataset's manifest (``Flink 2.3.0 datastream short``); runs
+    the manifest does not describe (the simulator's) have none."""
+    path = Path(dataset) / "manifest.json"
+    runs = json.loads(path.read_text()).get("runs", {}) if path.is_file() else {}
+    return {run: f"Flink {entry['flink_version']} {entry.get('job_kind', 'datastream')} {entry.get('length', 'short')}"
+            for run, entry in runs.items() if entry.get("flink_version")}
 
 
 def _pct(value: float) -> str:
@@ -130,8 +168,11 @@ def evaluate_dataset(config: SentinelConfig, dataset: Path, split: str,
     result = replay(config, events, models)
     settings = PolicySettings.from_config(config)
     baseline_incidents = replay_incidents(result.rows, static_alarms(), settings) if len(result.rows) else []
+    strata = run_strata(dataset)
+    named = {t.get("run_id") or t["job_name"] for t in truths}
     return Evaluation(split, compare(truths, result.incidents), compare(truths, baseline_incidents), result.rows,
-                      result.incidents, baseline_incidents, {f: m.version for f, m in models.items()}, truths)
+                      result.incidents, baseline_incidents, {f: m.version for f, m in models.items()}, truths,
+                      {run: s for run, s in strata.items() if run in named})
 
 
 def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
@@ -143,6 +184,8 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                 + ", ".join(f"{f} v{v}" for f, v in sorted(evaluation.versions.items())), "",
                 "## Per family (the champions | the static alarms, through the same policy)", "", "```",
                 *evaluation.family_lines(), "```", "",
+                *(["## Per Flink version, job kind and run length (the champions | the static alarms)", "", "```",
+                   *evaluation.stratum_lines(), "```", ""] if evaluation.strata else []),
                 "## Per run (`*`: found as a symptom of its cause's incident; delay from the labelled onset)", "",
                 "```", *evaluation.run_lines(), "```", "", "## Runs", ""]
     for run in evaluation.comparison.runs:
@@ -153,6 +196,12 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
     results = {"split": evaluation.split, "versions": evaluation.versions,
                "metrics": {f or "all": evaluation.comparison.metrics(f) for f in (*FAMILIES, None)},
                "baseline_metrics": {f or "all": evaluation.baseline.metrics(f) for f in (*FAMILIES, None)},
+               "strata": {stratum: {"runs": sorted(r for r, s in evaluation.strata.items() if s == stratum),
+                                    "metrics": Comparison([r for r in evaluation.comparison.runs
+                                                           if evaluation.strata.get(r.run) == stratum]).metrics(),
+                                    "baseline_metrics": Comparison([r for r in evaluation.baseline.runs
+                                                                    if evaluation.strata.get(r.run) == stratum]).metrics()}
+                          for stratum in sorted(set(evaluation.strata.values()))},
                "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,
                          "missed": r.missed, "false": [_brief(i) for i in r.false], "false_families": r.false_families}
                         for r in evaluation.comparison.runs]}
