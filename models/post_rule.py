@@ -17,10 +17,12 @@ to be warm-up unless
 * the job's state limit is forecast to be reached before the horizon is over (a warm-up that
   runs into its limit fails its checkpoints all the same).
 
-Growth that keeps slowing down (deceleration below ``decelerating_below``) is levelling off, at
-any age, unless it resumed after a plateau or its limit is that close. And a trend fitted to
-fewer than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch)
-decides nothing.
+Past the horizon, the leak is judged on the growth after it: the state must still be growing
+now, by at least ``min_growth_per_h`` of itself per hour over the last checkpoints, so a warm-up
+that reached its plateau is over however steep the climb before it was, and a slow leak that
+follows a fast warm-up is one however much the growth slowed. Growth resumed after a plateau and
+a limit in reach are judged as above. And a trend fitted to fewer than ``min_checkpoints``
+checkpoints (a job the sentinel has only just started to watch) decides nothing.
 
 A rule may hold back for a **start-up** time after the job (re)started (``startup_s``): Flink's
 rates are meters over the last minute, so for a minute after a start they ramp up unevenly across
@@ -59,7 +61,7 @@ import pandas as pd
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
 GUARD_COLUMNS = ("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau", "state_over_plateau",
-                 "vertex_state_deceleration", "state_deceleration")
+                 "vertex_state_rel_slope_per_h", "state_rel_slope_per_h")
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class PostRule:
     warmup_guard: bool = False
     resume_over_plateau: float = 1.1
     min_checkpoints: int = 6  # with the guard: a trend of fewer checkpoints seen is noise
-    decelerating_below: float = 0.8
+    min_growth_per_h: float = 0.05
     evidence: tuple[tuple[str, float], ...] = ()
     startup_s: float = 0.0  # no decision this soon after the job (re)started
     decisive: tuple[tuple[str, float], ...] = ()
@@ -211,12 +213,12 @@ class PostRule:
         young = age < horizon_s
         over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
         resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
-        decelerating = np.nan_to_num(_vertex_else_job(c["vertex_state_deceleration"], c["state_deceleration"]),
-                                     nan=np.inf) < self.decelerating_below
+        growing = np.nan_to_num(_vertex_else_job(c["vertex_state_rel_slope_per_h"], c["state_rel_slope_per_h"]),
+                                nan=-np.inf) >= self.min_growth_per_h
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
         seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
-        return ((((~young) | resumed) & ~(decelerating & ~resumed)) | limit_soon) & seen
+        return (((~young) & growing) | resumed | limit_soon) & seen
 
     # --- persistence ------------------------------------------------------------------------------
 
