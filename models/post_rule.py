@@ -49,6 +49,7 @@ implementation of the persistence count's threshold and of every guard.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -219,6 +220,17 @@ class PostRule:
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
         seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
         return (((~young) & growing) | resumed | limit_soon) & seen
+
+    def sustains(self, row: Mapping[str, Any]) -> bool:
+        """Whether an open incident of this rule's family still holds at ``row`` whatever its
+        score: a leak (the rule with the warm-up guard) is over when its state stops growing, not
+        when a score dips while it still grows by ``min_growth_per_h``."""
+        if not self.warmup_guard:
+            return False
+        slope = _value(row, "vertex_state_rel_slope_per_h")
+        if math.isnan(slope):
+            slope = _value(row, "state_rel_slope_per_h")
+        return slope >= self.min_growth_per_h
 
     # --- persistence ------------------------------------------------------------------------------
 

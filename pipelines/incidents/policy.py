@@ -252,6 +252,9 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
             entity["recent"] = (entity["recent"] + [recent[i]])[-RECENT_VALUES:]
         job_settings = settings.for_job(columns["job_name"][i])
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
+        if not holds and entity["open"] is not None and family not in job_settings.mute \
+                and columns["job_state"][i] not in TERMINAL_STATES and rules[family].sustains(full_record(columns["_row"][i])):
+            holds = True  # e.g. a leak whose score dipped while its state still grows
         suspected = (held is not None and bool(held[i]) and family not in job_settings.mute
                      and columns["job_state"][i] not in TERMINAL_STATES)
         if not suspected and columns["job_state"][i] not in TERMINAL_STATES:

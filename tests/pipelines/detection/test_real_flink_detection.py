@@ -91,6 +91,20 @@ def test_leaks_are_found_within_the_warm_up_horizon_and_a_minute(evaluation, tra
     assert delays and [(run, d) for run, d in delays if d > horizon[run] + LEAK_GRACE_S] == []
 
 
+def test_a_slow_leak_after_its_warm_up_stays_open_to_the_end_of_a_38_minute_run(evaluation):
+    """Its growth slows from the warm-up's to the leak's own (about 2.5 KB/s) and goes on: the
+    incident must not be resolved as levelling off while the state still grows."""
+    truths = {t["job_id"]: t for t in evaluation.truths}
+    slow = [r for r in evaluation.comparison.runs if r.run.startswith("leak_slow_on_ttl") and "-d38m" in r.run]
+    assert len(slow) >= 2
+    for run in slow:
+        leak = [i for i in evaluation.incidents if i["job_id"] == run.job_id and i["family"] == STATE_LEAK]
+        opened = [i for i in leak if i["event"] == "opened"]
+        resolved = [i for i in leak if i["event"] == "resolved"]
+        assert len(opened) == 1, run.run
+        assert all(i["resolved_at"] >= truths[run.job_id]["end_ts"] - 30_000 for i in resolved), run.run
+
+
 def test_backpressure_is_found_within_thirty_seconds_also_behind_expiring_checkpoints(evaluation):
     delays = delays_of(evaluation, BACKPRESSURE)
     assert len(delays) >= 9 and [(run, d) for run, d in delays if d > BACKPRESSURE_WITHIN_S] == []

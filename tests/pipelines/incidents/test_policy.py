@@ -357,3 +357,20 @@ def test_incident_times_stay_ordered_over_a_replay_of_rows_out_of_order(seed):
         events += step(state, batch, batch_scores, RULES, SETTINGS)
     assert any(e["event"] == "resolved" for e in events)
     assert_incident_times_ordered(events)
+
+
+def test_a_leak_stays_open_while_its_state_still_grows_though_its_score_dips_and_ends_at_its_plateau():
+    """A slow leak after a fast warm-up: the detector's score may fall while the state keeps
+    growing; the incident ends when the growth does (the rule's min_growth_per_h), not before."""
+    guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
+    minutes = list(range(4, 40))
+    scores = [0.9 if m < 6 else 0.1 for m in minutes]
+    slopes = [1.5 if m < 25 else 0.001 for m in minutes]  # growing 150 %/h, then a plateau from minute 25
+    rows, scored = rows_and_scores(list(zip(minutes, scores)), job_age_s=[m * 60.0 for m in minutes],
+                                   job_age_checkpoints=50, vertex_state_over_plateau=None, vertex_state_size_bytes=1e6,
+                                   vertex_state_rel_slope_per_h=slopes)
+    events = step({}, rows, scored, guarded, SETTINGS)
+    assert [(e["event"], e["updated_at"] // MIN) for e in events] == [("opened", 4), ("resolved", 35)]
+    # A rule without the leak's guard never sustains anything: the score decides.
+    assert not PostRule(0.5, 1, 1).sustains({"vertex_state_rel_slope_per_h": 9.0})
+    assert guarded["state_leak"].sustains({"vertex_state_rel_slope_per_h": None, "state_rel_slope_per_h": 0.06})
