@@ -33,6 +33,10 @@ A rule may also require **evidence**: at least one of some feature columns at or
 a restart or a full JobManager heap; the backpressure rule wants another vertex waiting on this
 one). A decision nobody could explain from the incident is not made.
 
+A rule may name **counter-evidence** (``refused_by``): feature columns at or above a maximum
+that refuse the decision (the skew rule's: a vertex itself backpressured half the time, whose
+input rates its downstream sets, not its keys).
+
 A rule may name **decisive** evidence: feature columns at or above a minimum that decide without
 the score (the checkpoint-failure rule's: a failed checkpoint in the job's own history is the
 failure, reported at once, not a checkpoint later when the score has caught up). The guards still
@@ -77,6 +81,7 @@ class PostRule:
     evidence: tuple[tuple[str, float], ...] = ()
     startup_s: float = 0.0  # no decision this soon after the job (re)started
     decisive: tuple[tuple[str, float], ...] = ()
+    refused_by: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -169,7 +174,8 @@ class PostRule:
     def guard_columns(self) -> tuple[str, ...]:
         """The feature columns the rule's guards and evidence read."""
         return ((GUARD_COLUMNS if self.warmup_guard else ()) + (("job_age_s",) if self.startup_s else ())
-                + tuple(c for c, _ in self.evidence) + tuple(c for c, _ in self.decisive))
+                + tuple(c for c, _ in self.evidence) + tuple(c for c, _ in self.decisive)
+                + tuple(c for c, _ in self.refused_by))
 
     def _decided(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
         return self._decided_and_held(counts, columns, horizon_s)[0]
@@ -184,6 +190,8 @@ class PostRule:
             scored &= shown
         for column, minimum in self.decisive:
             scored |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
+        for column, maximum in self.refused_by:
+            scored &= ~(np.nan_to_num(columns[column], nan=-np.inf) >= maximum)
         decided = scored.copy()
         if self.warmup_guard:
             decided &= self._past_warmup(columns, horizon_s)
@@ -235,7 +243,8 @@ class PostRule:
     # --- persistence ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "evidence": [list(e) for e in self.evidence], "decisive": [list(e) for e in self.decisive]}
+        return {**asdict(self), **{name: [list(e) for e in getattr(self, name)]
+                                   for name in ("evidence", "decisive", "refused_by")}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PostRule":
@@ -243,8 +252,8 @@ class PostRule:
         values = {k: v for k, v in d.items() if k in known}
         if "warmup_s" in d:  # a rule saved before the horizon moved to the config
             values["warmup_guard"] = bool(d["warmup_s"])
-        return cls(**{**values, "evidence": tuple(tuple(e) for e in d.get("evidence", ())),
-                      "decisive": tuple(tuple(e) for e in d.get("decisive", ()))})
+        return cls(**{**values, **{name: tuple(tuple(e) for e in d.get(name, ()))
+                                   for name in ("evidence", "decisive", "refused_by")}})
 
     # --- calibration ------------------------------------------------------------------------------
 

@@ -74,6 +74,8 @@ ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # * a checkpoint-failure incident must show a failure (in the history or Flink's counter), a
 #   checkpoint near its timeout, a pile-up, a restart or a nearly full JobManager heap; a failed
 #   checkpoint in the history decides by itself (on-call hears of it at that failure);
+# * skew needs a subtask with a tenth more than its fair share of the records or the state, in a
+#   vertex not itself backpressured half the time (its downstream sets its rates, not its keys);
 # * skew (a share of records-in rates) and anomalies (the job unlike its usual self) wait out the
 #   first minute after a (re)start: Flink's rates are one-minute meters that fill unevenly, and
 #   a job's first checkpoints are not its usual behaviour. Measured on the lab's test split, 3 of
@@ -82,7 +84,8 @@ STARTUP_S = 60.0
 POST_RULE_GUARDS = {
     STATE_LEAK: {"warmup_guard": True},
     "backpressure": {"evidence": (("others_backpressured_max", 0.1),)},
-    SKEW: {"startup_s": STARTUP_S},
+    SKEW: {"startup_s": STARTUP_S, "evidence": (("records_in_hot_excess", 0.1), ("state_hot_excess", 0.1)),
+           "refused_by": (("backpressured_max", 0.5),)},
     ANOMALY: {"startup_s": STARTUP_S},
     CHECKPOINT_FAILURE: {"evidence": (("checkpoint_failed_fraction", 1e-9), ("checkpoint_duration_over_timeout", 0.5),
                                       ("checkpoints_in_progress", 2.0), ("restarts_in_window", 1.0),

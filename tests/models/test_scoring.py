@@ -122,6 +122,18 @@ def test_decisive_evidence_decides_whatever_the_score_and_a_guard_still_holds_it
     assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
 
 
+def test_counter_evidence_refuses_a_decision_however_high_the_score():
+    rule = PostRule(0.5, 1, 1, evidence=(("records_in_hot_excess", 0.1), ("state_hot_excess", 0.1)),
+                    refused_by=(("backpressured_max", 0.5),))
+    frame = pd.DataFrame({"cluster": "c", "job_id": ["hot-key", "backpressured", "balanced", "hot-state-unknown-wait"],
+                          "vertex_id": "v", "ts": 1, "score": 0.95,
+                          "records_in_hot_excess": [0.6, 0.12, 0.01, 0.0], "state_hot_excess": [0.0, 0.0, 0.02, 0.4],
+                          "backpressured_max": [0.0, 0.99, 0.0, None]})
+    assert rule.decisions(frame).tolist() == [True, False, False, True]
+    assert [rule.decide([0.95], row) for row in frame.to_dict("records")] == [True, False, False, True]
+    assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+
+
 def test_calibration_prefers_persistence_when_single_points_are_noise():
     rng = np.random.default_rng(0)
     rows = []
