@@ -12,27 +12,18 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-# Between tasks, what the worker holds (the parsed states of its jobs: half a million objects for
-# 1,000 jobs; the champions and the libraries they load) is left out of the cyclic garbage
-# collector, which would otherwise walk it after every task. PySpark's daemon collects in full
-# after every task of a reused worker (pyspark/daemon.py): in a fleet of 2,000 jobs aged 90 minutes
-# that took 20-21 s a minute of each stateful worker (py-spy) and 11-18 s a minute of each feature
-# log writer's worker (gc.callbacks: 26-41 collections of 270-400 ms a minute, none finding
-# garbage; they held the champions then too). So the end of that collection, which has freed the
-# cyclic garbage the task left, freezes what survived (CollectorBetweenTasks.after_collection), and only then are automatic
-# collections turned back on. Should no such collection come (a worker not reused, or a PySpark that
-# no longer collects), a moment after the task a thread collects (its end freezes likewise) while the
-# worker waits for its next task (its main thread blocked on the socket, without the GIL). Frozen
-# objects are never walked again: a full collection of them took 1.5 s in both workers at once in a
-# 2,000-job fleet, longer than the gap before the next task, which it held back past its trigger.
-# What that gives up, measured there: a full collection every 90-120 s found 2 to 8 cycles of 5
-# objects among them (importlib_metadata's entry point dictionaries, dropped from a cache after they
-# were frozen). What tasks make holds a few cycles (PySpark's recursive closures: 30-60 objects a
-# task in a 200-job fleet, gc.DEBUG_SAVEALL), collected before anything is frozen. The states a task
-# parses (those another worker wrote last: the two workers swap partitions about every other batch)
-# are frozen as they are made (frozen_as_made): the collections after tasks had walked 22,000-370,000
-# objects, 0.03-1.4 s each, the larger after tasks that parsed states (BENCHMARKS.md, the detection
-# job's history, 71e3346).
+# What a worker holds between tasks (its jobs' parsed states, the champions and their libraries)
+# is frozen out of the cyclic garbage collector, which PySpark's daemon runs in full after every
+# task of a reused worker: walking it cost each worker a large share of its time in an aged fleet,
+# and a full collection could hold the next task past its trigger (see BENCHMARKS.md, "2026-11-27,
+# 71e3346: PySpark's own garbage collection after every task (Intel Xeon)").
+# The end of that collection, which has freed the task's cyclic garbage (PySpark's recursive
+# closures), freezes what survived (CollectorBetweenTasks.after_collection) before automatic
+# collections come back on; should none come (a worker not reused, a PySpark that does not
+# collect), a thread collects and freezes a moment after the task, while the worker waits on its
+# socket. The states a task parses are frozen as they are made (frozen_as_made). What this gives
+# up, a few small cycles frozen with the rest and never freed, is in BENCHMARKS.md, "2026-11-26,
+# 8701f5f, 422f8fd and 4866f04: the workers' garbage collection off the trigger's path (Intel Xeon)".
 COLLECTION_AFTER_S = 0.5  # PySpark's collection, right after the task, comes first as a rule
 RELEASED_AT_ONCE = 50  # stale parsed states freed at once between tasks: a few milliseconds
 GARBAGE_HELD_AT_MOST = 5_000  # stale parsed states (tens of KiB each) left for between tasks
