@@ -6,22 +6,20 @@ the JSON, with a plausible event time for the watermark) and runs :class:`Detect
 Spark's ``transformWithState``, on the executors. Per micro-batch and job, ``handleInputRows``
 validates the job's records in the order they arrived and consumes the usable ones
 (:meth:`FlinkJobState.read`). The Row flavour, not ``transformWithStateInPandas``: the pandas
-flavour hands a record over for 4-4.5 us where this one takes 24-28 us (Arrow scalars, access
-by name; ``benchmarks/stateful_input.py``), and ran 100,000-record backlog batches 3-11% faster
-(two runs), but a real-time fleet's small batches slower (2,000 jobs at a 2 s trigger, the same
-code otherwise: median batch 3.07 s against 2.22 s, p99 5.34 s against 3.94 s over 3 minutes;
-BENCHMARKS.md). Scoring is one vectorised call per model over every job of the partition, not
-one per job (a scikit-learn call costs about a millisecond whatever its size),
-so each state key registers a timer due at once, and Spark's timer phase, which follows the
+flavour catches up a backlog a little faster but runs a real-time fleet's small batches slower
+(see BENCHMARKS.md, "2026-11-26, 8443811 and da5b71f: the input's keying, CPU per event, the Row
+flavour, state writes"). Scoring is one vectorised call per model over every job of the partition,
+not one per job (a scikit-learn call costs about the same whatever its size), so each state key
+registers a timer due at once, and Spark's timer phase, which follows the
 input rows in the same task, scores the partition's rows and steps the policy of all its jobs
 (:func:`~pipelines.detection.flink_job.decide`) at the first timer, then gives each key its
 incidents and writes its jobs' states at its own timer. The models are loaded once per Python
 worker and follow their alias (:func:`~pipelines.detection.champions.worker_champions`).
 
 A state key is a *bucket* of Flink jobs (``detection.state_buckets``, by a hash of the job), not
-one job: each key costs a handful of round trips to Spark's state server per micro-batch (0.2 to
-0.4 ms each, measured with two tasks at once), while its Flink jobs' states are written in one
-exchange and read, where this worker did not write them last, in another
+one job: each key costs a handful of round trips to Spark's state server per micro-batch, while
+its Flink jobs' states are written in one exchange and read, where this worker did not write them
+last, in another
 (:class:`~pipelines.detection.spark_state.JobStates`). The buckets' keys are chosen so that each
 shuffle partition holds as many as the others (:func:`~pipelines.detection.spark_state.state_keys`). A
 bucket also keeps when each of its jobs is due to be forgotten and one timer at the earliest: a
@@ -94,10 +92,11 @@ def detection_input(records: DataFrame, max_future_ms: int) -> DataFrame:
     key, value = F.col("key").cast("string"), F.col("value").cast("string")
     keyed = key.rlike(CONTRACT_KEY)
     # A key that matches ends in "/" and the job's 32 digits: cut, not matched twice more (the
-    # key's regular expressions were a tenth of the JVM's time).
+    # JVM's cost per record; see BENCHMARKS.md, "2026-11-26, 8443811 and da5b71f: the input's
+    # keying, CPU per event, the Row flavour, state writes").
     length = F.length(key)
-    # Reading the event time was a third of the JVM's time when Spark's JSON path tokenised every
-    # whole document for it; the pattern stops at the field (benchmarks/input_keying.py).
+    # The event time by a pattern that stops at the field: Spark's JSON path tokenises the whole
+    # document (the same entry of BENCHMARKS.md).
     leading_ts = F.nullif(F.regexp_extract(value, LEADING_TS, 1), F.lit(""))
     # Two projections: Spark keeps one that would repeat the JSON read apart, so it is read once.
     read = records.select(
@@ -140,10 +139,10 @@ def detect(records: DataFrame, config, state_partitions: int) -> DataFrame:
 
 def packed_record() -> Column:
     """What the processor reads of a :func:`detection_input` record, as one binary value: its
-    Python worker builds a record's Row from one Arrow scalar per column, 2-5 us each, so the
-    event time (which only the watermark needs) stays behind and the rest travels packed
-    (``benchmarks/stateful_input.py``, one core: 23.2 us a record as ten columns, 11.9 as six,
-    9.3 as two). Without the event time Spark drops nothing behind the watermark before the
+    Python worker builds a record's Row from one Arrow scalar per column, so the event time
+    (which only the watermark needs) stays behind and the rest travels packed (see BENCHMARKS.md,
+    "2026-11-26, e99049f and 9c7fdad: job states read back in one exchange, records as one binary
+    value"). Without the event time Spark drops nothing behind the watermark before the
     processor, which counts such events late itself. The layout (:func:`unpacked_record` reads
     it): a header ``partition:offset:timestamp:n_cluster:n_job_id:n_key:n_value:topic`` and a
     newline, then the cluster, job id, key and value; each ``n_`` their length in bytes, -1 for
@@ -225,8 +224,8 @@ class DetectionProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         # No cyclic garbage collection while the task runs (it comes back between tasks, see
         # pipelines/detection/worker_gc.py): a task holds the parsed states of thousands of jobs,
-        # which every collection walks, and the states (JSON trees) form no cycles: measured, a
-        # state's parse took 1.3 ms with 1,000 others held, 0.3 ms without collections.
+        # which every collection walks, and the states (JSON trees) form no cycles: collections
+        # during a task would only slow its parsing.
         COLLECTOR.task_started()
         self.handle = handle
         self.jobs = JobStates(handle)
@@ -350,8 +349,8 @@ class DetectionProcessor(StatefulProcessor):
         still holds that version (no other worker wrote it since, no failed batch rolled it back),
         else read from the store, all those in one exchange (:meth:`JobStates.read`; the Python
         worker that runs a partition's task is not always the one that ran it last: every other
-        micro-batch or so, measured). Reading the bucket's whole map instead, as before, carried
-        every state of the bucket where a real-time batch needs a third to a half of them."""
+        micro-batch or so). Only those states are read: a real-time batch needs a part of its
+        bucket's."""
         found: dict[str, FlinkJobState] = {}
         missing = []
         for name in names:
@@ -402,8 +401,9 @@ class _ParsedStates:
             return None
         if version is not None and kept[0] == version:
             return kept[1]
-        # Stale (another worker wrote the job since): freeing it took 6-7 % of a stateful worker's
-        # time in an aged fleet (py-spy), so it is freed between tasks.
+        # Stale (another worker wrote the job since): freed between tasks, where it holds up no
+        # batch (see BENCHMARKS.md, "2026-11-27, 2592f40 and 7996a19: stale parsed states freed
+        # between tasks (Intel Xeon)").
         self.collector.free_later(kept)
         return None
 
