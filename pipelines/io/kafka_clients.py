@@ -128,8 +128,8 @@ def make_producer(
 ) -> KafkaProducer:
     kwargs = {
         "acks": "all",
-        # Throughput over latency: metrics arrive every few seconds, and kafka-python is
-        # ~40% faster with larger batches (measured in benchmarks/kafka_io.py).
+        # Throughput over latency: metrics arrive every few seconds, and kafka-python's sink is
+        # faster with larger batches (see BENCHMARKS.md, "Kafka I/O for Spark (`benchmarks/kafka_io.py`)").
         "linger_ms": 20,
         "batch_size": 256 * 1024,
         "retries": 5,
@@ -223,7 +223,7 @@ def latest_offsets(
 
     ``known``: an offset of each partition that the caller already has and that is not past its
     end (a streaming query's last end): the fetch starts there and ListOffsets is not asked, one
-    broker round trip fewer (the embedded broker took 15-40 ms for each while a producer wrote).
+    broker round trip fewer (each is slow on a broker busy with a producer).
     Where one is out of range after all (a re-created topic, retention), ListOffsets is asked.
     """
     tps = [TopicPartition(topic, p) for p in partitions]
@@ -246,8 +246,7 @@ def _highwaters(consumer: KafkaConsumer, starts: Mapping[TopicPartition, int], t
         while any(consumer.highwater(tp) is None for tp in starts) and time.monotonic() < deadline:
             # A short poll: one with nothing to return waits out its whole timeout although the
             # (empty) fetch response already set the high-watermark, and a streaming query that has
-            # caught up asks at the end of the partition every micro-batch (a 100 ms poll cost it
-            # 100 ms a query).
+            # caught up asks at the end of the partition every micro-batch, each time waiting it out.
             consumer.poll(timeout_ms=10)
         # The fetch's high-watermark where one came (below ``starts`` only when the partition
         # lost data, which the caller must see), else the start.

@@ -138,8 +138,7 @@ def _worker_consumer(spec: _ClientSpec):
             spec.client_options,
             max_poll_records=_ROWS_PER_ARROW_BATCH,
             # A consumer fetches ahead of what it returns, and a task stops at its range's end:
-            # what was fetched past it is thrown away (16 MiB a partition cost a 3,000-record
-            # read 170 ms at the median, 1 MiB 120 ms; 25,000-record reads took as long either way).
+            # what was fetched past it is thrown away, so small reads pay for a large fetch.
             fetch_max_bytes=4 * 1024 * 1024,
             max_partition_fetch_bytes=1024 * 1024,
         )
@@ -269,8 +268,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # One broker round trip where it can be (a fetch from where the query is, for the
-        # high-watermarks; a partition's start only for one new to the query): the embedded
-        # broker answered each request in 15-40 ms while a producer wrote (2-4 ms otherwise).
+        # high-watermarks; a partition's start only for one new to the query): each is slow on a
+        # broker busy with a producer.
         partitions = self._partitions()
         latest_by_int = kafka_clients.latest_offsets(self.consumer, self.topic, partitions,
                                                      known={int(p): o for p, o in start.items()})
@@ -359,8 +358,8 @@ def read_ranges(
 ) -> Iterator[pa.RecordBatch]:
     """The records of ``ranges`` (each of a different partition) as Arrow batches, each partition's
     in offset order. The partitions are fetched together, one request for all of them, and a
-    partition whose range is read is paused: each fetch is a broker round trip (the embedded broker
-    took 100-230 ms for one late in a 10-minute fleet run).
+    partition whose range is read is paused: each fetch is a broker round trip, slow on a busy
+    broker.
 
     No records for ``poll_timeout_s`` fail the read, unless the broker does not answer at all: then
     it waits on, up to ``broker_wait_s`` in all, and reads on when the broker is back (a failed
