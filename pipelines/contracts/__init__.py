@@ -12,8 +12,8 @@ without a second edit; ``tests/pipelines/test_contracts.py`` proves the two agre
 False
 
 Two validators check the same schema: :meth:`Contract.accepts`, compiled by ``jsonschema-rs``
-(Rust), is the hot path (every input record: 2.8 us a record where ``fastjsonschema``'s generated
-Python took 28 us and ``jsonschema`` alone about 300, ``benchmarks/validation.py``);
+(Rust), is the hot path (every input record; the fastest of those compared in BENCHMARKS.md,
+"Input validation per record (`benchmarks/validation.py`)");
 :meth:`Contract.errors`, ``jsonschema``'s, explains a document that is refused with every way it
 breaks the contract. ``tests/pipelines/test_contracts.py`` holds them to the same verdicts.
 """

@@ -190,7 +190,8 @@ def worker_champions(config: SentinelConfig) -> ChampionCache:
     if cache is None:
         # The driver's cache checks the environment against the models (its warnings are in the
         # job's log) and the workers run the deployment's packages too: skipping the check there
-        # saves each Python worker about 1.5 s of CPU when it first loads the champions.
+        # spares each Python worker's first load (see BENCHMARKS.md, "The Python workers at the
+        # job's start (`benchmarks/worker_start.py`)").
         cache = _WORKER_CACHES[key] = ChampionCache(config, check_environment=False, held=held_champions(config))
     return cache
 

@@ -227,11 +227,12 @@ class RunningJob:
 class WorkerKeeper:
     """Keeps the detection query's Python workers, and the champions loaded in them, while its
     input is quiet. Spark stops a Python worker idle for a minute (a constant of its worker
-    factory, not a setting), and the next micro-batch's new workers load the models again, 8-15 s
-    measured, while the first events after the pause wait. So while no micro-batch has read input
-    for ``idle_s``, the warm-up of the job's start runs again (:func:`_load_models_on_workers`: a
-    task per shuffle partition in the workers Spark finds idle, 0.5 s when they are warm); a
-    micro-batch that starts meanwhile waits that long at most for its cores."""
+    factory, not a setting), and the next micro-batch's new workers load the models again while
+    the first events after the pause wait (see BENCHMARKS.md, "2026-11-26, ba9c47d: the Python
+    workers kept through a quiet input"). So while no micro-batch has read input for ``idle_s``,
+    the warm-up of the job's start runs again (:func:`_load_models_on_workers`: a task per shuffle
+    partition in the workers Spark finds idle, short when they are warm); a micro-batch that starts
+    meanwhile waits that long at most for its cores."""
 
     def __init__(self, spark: SparkSession, config: SentinelConfig, query, idle_s: float, workers: list[dict]):
         self.spark, self.config, self.query, self.idle_s = spark, config, query, idle_s

@@ -6,9 +6,10 @@ Output rows: ``kind`` (``incident``, ``dead_letter``, ``features``, ``late``, ``
 ``features`` rows to the feature log and passes every other row on to the driver.
 
 This module imports no models and no scikit-learn, nor anything that does: the feature log
-writer's Python workers import it and nothing heavier (``benchmarks/worker_start.py``: 142 MiB
-resident each, against 356 MiB for the stateful processor's with the five champions loaded). They are not the stateful processor's workers: Spark keeps Python workers
-apart by kind.
+writer's Python workers import it and nothing heavier, a fraction of the stateful processor's
+workers' memory (see BENCHMARKS.md, "The Python workers at the job's start
+(`benchmarks/worker_start.py`)"). They are not the stateful processor's workers: Spark keeps
+Python workers apart by kind.
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ The processor (:mod:`pipelines.detection.processor`) sees a small interface:
   :data:`SUPPORTED_PYSPARK` at start, with that range in the message.
 
 The state server speaks length-framed protobuf over a socket, and PySpark's client waits out one
-round trip per call (0.2-0.4 ms measured, two tasks at once); a task writes hundreds of job
-states per micro-batch. :func:`update_map_values` and :func:`get_map_values` therefore write
-PySpark's own requests for many keys, then read every answer. They use PySpark's private
-client (its socket, serialisers and messages), which may change in any release:
-``tests/pipelines/detection/test_spark_state.py`` holds them to the installed PySpark, and the
-version check keeps the job from running on one that was not tested.
+round trip per call; a task writes hundreds of job states per micro-batch.
+:func:`update_map_values` and :func:`get_map_values` therefore write PySpark's own requests for
+many keys, then read every answer. They use PySpark's private client (its socket, serialisers and
+messages), which may change in any release: ``tests/pipelines/detection/test_spark_state.py`` holds
+them to the installed PySpark, and the version check keeps the job from running on one that was not
+tested.
 """
 
 from __future__ import annotations
