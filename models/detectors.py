@@ -27,9 +27,9 @@ from pipelines.families import FAMILIES, LOCALISED
 FEATURE_SET_VERSION = 5  # bump when a family's feature list changes meaning
 
 # No job age: in the simulated fleet every fault strikes a job hours old, in the lab minutes old,
-# and a detector that reads age learns "young jobs do not fail" (measured: backpressure and skew
-# scored 1e-7 on every lab run). Start-up is told apart by what it looks like (every vertex busy,
-# none backpressured), and a leak's warm-up by the post-rule's horizon.
+# and a detector that reads age learns "young jobs do not fail" (see docs/DETECTORS.md, "Detectors
+# and their post-rules"). Start-up is told apart by what it looks like (every vertex busy, none
+# backpressured), and a leak's warm-up by the post-rule's horizon.
 CONTEXT = ("checkpoint_interval_ms",)
 AGE = ("job_age_s", "job_age_checkpoints")
 # Absolute sizes differ by orders of magnitude between jobs (a lab job's megabytes, a fleet's
@@ -47,7 +47,8 @@ def default_features(family: str) -> tuple[str, ...]:
             "busy_reported", "state_reported", "limit_known")
     if family == "backpressure":
         # No buffer-pool usage: a saturated operator fed over a local channel (the same TaskManager)
-        # reports inPoolUsage 0 on Flink 2.3 (measured in the lab), over the network close to 1;
+        # reports inPoolUsage 0 on Flink 2.3, over the network close to 1 (see docs/DETECTORS.md,
+        # "Detectors and their post-rules");
         # the backpressured time of the vertices around it says the same thing either way.
         # No subtask means either: a vertex is as fast as its slowest subtask, and a mean hides
         # one hot subtask that saturates (the more so, the higher the parallelism).
@@ -76,9 +77,9 @@ def _relative(names: tuple[str, ...]) -> tuple[str, ...]:
 
 # How a family's score may move as a feature grows, all else equal (+1: never down, -1: never
 # up), in the direction operators read these metrics; features not named are free. Trained on
-# a few dozen real runs and a simulator, an unconstrained model learns accidents of its data
-# (measured on the lab's severe backpressure: 47 s of checkpoint start delay pulled a saturated
-# bottleneck's score from 0.93 down to 0.06, so it was found only when checkpoints failed).
+# a few dozen real runs and a simulator, an unconstrained model learns accidents of its data (a
+# long checkpoint start delay lowered a saturated bottleneck's score: see docs/DETECTORS.md, "On
+# real Flink: how the detectors got there").
 MONOTONE: dict[str, dict[str, int]] = {
     "backpressure": {
         "busy_max": 1,
@@ -232,9 +233,9 @@ class NoveltyDetector(_Scorer):
 
 def isolation_scores(forest: IsolationForest, X: np.ndarray) -> np.ndarray:
     """``-forest.score_samples(X)``, the same numbers, without scikit-learn handing each tree to
-    joblib on its own: that costs about 0.05 ms a tree whatever the rows (16 ms a call for the
-    champion's 300 trees, most of a real-time micro-batch's scoring), where a tree's own work on
-    a few rows is a few microseconds (``benchmarks/novelty_scoring.py``). The same steps in the
+    joblib on its own, which costs far more per tree than the tree's own work on a micro-batch's
+    few rows (see BENCHMARKS.md, "2026-11-26, 6b27e09: a real-time batch's fixed cost; the novelty
+    detector's trees in a plain loop"). The same steps in the
     same order as scikit-learn's (the trees in turn, each one's path lengths added to the running
     depths); a forest without the per-tree tables these steps read (another scikit-learn
     version) is scored by ``score_samples``."""

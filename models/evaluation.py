@@ -81,7 +81,7 @@ class Runs:
 def numbered(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with the index 0..n-1 that score rows point into: as they are when they have it
     (resetting copies every column, and calibration replays the same validation rows dozens of
-    times: 6 % of the test suite's training in py-spy's profile; BENCHMARKS.md, decisions.py)."""
+    times; see BENCHMARKS.md, "Calibration's replay (`evaluation.replay_incidents`)")."""
     index = rows.index
     if isinstance(index, pd.RangeIndex) and index.start == 0 and index.step == 1:
         return rows

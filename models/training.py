@@ -60,10 +60,10 @@ FAMILY_PERSISTENCE = {CHECKPOINT_FAILURE: ((1, 1),)}
 # Among rules equally good on faults and false incidents, the soonest wins, by this statistic of
 # the family's delays. A checkpoint failure is due at the first failed checkpoint, so one fault
 # found a poll late makes a worse rule, which the median of a handful of faults does not see (a
-# storage outage's first failure, which fails at once and scores lower than an expired
-# checkpoint's, was found at the next poll with the rule at 0.9; at 0.8, at the failure). Elsewhere
-# the median: a lower leak threshold that wins seconds on a few validation leaks raised a false
-# leak on a simulated job with failing checkpoint storage (measured: leak rule 0.8 against 0.9).
+# storage outage's first failure scores lower than an expired checkpoint's: see docs/DETECTORS.md,
+# "On real Flink: how the detectors got there"). Elsewhere the median: a lower leak threshold that
+# wins seconds on a few validation leaks raised a false leak on a simulated job with failing
+# checkpoint storage.
 DELAY_STATISTIC = {CHECKPOINT_FAILURE: np.mean}
 ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # The guards each family's rule carries, written from what operators know:
@@ -78,8 +78,8 @@ ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 #   vertex not itself backpressured half the time (its downstream sets its rates, not its keys);
 # * skew (a share of records-in rates) and anomalies (the job unlike its usual self) wait out the
 #   first minute after a (re)start: Flink's rates are one-minute meters that fill unevenly, and
-#   a job's first checkpoints are not its usual behaviour. Measured on the lab's test split, 3 of
-#   4 false anomalies and the false skew opened 3 to 22 s after the job's first metrics.
+#   a job's first checkpoints are not its usual behaviour (the lab's false anomalies and skew came
+#   in that first minute: docs/DETECTORS.md, "Detectors and their post-rules").
 STARTUP_S = 60.0
 POST_RULE_GUARDS = {
     STATE_LEAK: {"warmup_guard": True},
