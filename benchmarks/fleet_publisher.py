@@ -111,10 +111,9 @@ def main(argv: list[str]) -> None:
         backlog += job_backlog
         live += job_live
     # The fleet starts 5 s after its events are encoded, so that none is published later than its
-    # event time (a start taken before encoding 1.2 million events had the first ones published
-    # 10-20 s late, their incidents counted that much slower): the encoding's time is measured on
-    # a sample of the events first. A backlog ends then, and the real-time part starts after the
-    # catch-up time.
+    # event time (late events would count their incidents that much slower): the encoding's time
+    # is measured on a sample of the events first. A backlog ends then, and the real-time part
+    # starts after the catch-up time.
     events = backlog + live
     sample = [dict(e) for e in events[::100]]
     started = time.monotonic()

@@ -752,8 +752,8 @@ USER_ERRORS = (("infra.embedded_stack", "StackError"), ("pipelines.io.kafka_clie
 def is_user_error(exc: BaseException) -> bool:
     """Whether ``exc`` means "fix your setup". Only modules already imported are looked in: an
     error's class exists only once its module is imported, and importing them all to match one
-    (MLflow, scikit-learn and Great Expectations among them) made an unreachable broker take 13
-    CPU s to report."""
+    (MLflow, scikit-learn and Great Expectations among them) would make a setup error slow to
+    report (see BENCHMARKS.md, "A command's setup error (`benchmarks/cli_setup_error.py`)")."""
     if isinstance(exc, FileNotFoundError):
         return True
     for module, name in USER_ERRORS:

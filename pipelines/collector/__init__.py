@@ -601,8 +601,9 @@ def run_collector(config, endpoints: Iterable[FlinkClusterEndpoint], once: bool 
 
 
 def run_loop(coroutine):
-    """Run ``coroutine`` on uvloop's event loop (a quarter less CPU per request than asyncio's
-    own, measured) when it is installed, else on asyncio's."""
+    """Run ``coroutine`` on uvloop's event loop (less CPU per request than asyncio's own: see
+    BENCHMARKS.md, "The collector against a fleet (`benchmarks/collector.py`)") when it is
+    installed, else on asyncio's."""
     try:
         import uvloop
     except ImportError:

@@ -198,11 +198,11 @@ class ProgressListener(StreamingQueryListener):
     """A ``StreamingQueryListener`` whose progress events cross from the JVM as one JSON string.
 
     PySpark's own bridge builds each ``StreamingQueryProgress`` field by field, about a hundred
-    Py4J calls per event (every state operator's and source's metric is one): about 3.5 CPU s a
-    minute in the JVM's listener thread alone, with two listeners, in the 2,000-job fleet
-    benchmark. Here the event's JSON is read in one call and parsed in Python with PySpark's
-    ``fromJson``; the listener sees the same ``QueryProgressEvent``, its rates rounded to
-    0.1 row/s as Spark's JSON has them."""
+    Py4J calls per event (every state operator's and source's metric is one), a steady cost in
+    the JVM's listener thread (see BENCHMARKS.md, "2026-11-27, fc7c750, c296c97 and d690f5f: where
+    the two cores go in the aged fleet (Intel Xeon)"). Here the event's JSON is read in one call
+    and parsed in Python with PySpark's ``fromJson``; the listener sees the same
+    ``QueryProgressEvent``, its rates rounded to 0.1 row/s as Spark's JSON has them."""
 
     # PySpark's private hook: what StreamingQueryManager.addListener hands to the JVM.
     # tests/pipelines/detection/test_observability.py fails if an upgrade bypasses it.
