@@ -97,8 +97,8 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # Spark's checkpoint files on this machine (file:) without Hadoop's .crc file beside each:
         # a micro-batch writes and renames a dozen small files (its offsets, its commit, each
         # partition's state changelog) through Hadoop's FileContext, and the checksummed one
-        # doubled what each cost (BENCHMARKS.md, the detection job's history, 0b8126f). Renames
-        # stay atomic (the same call underneath). Only FileContext's:
+        # doubled what each cost (see BENCHMARKS.md, "2026-11-26, 0b8126f: checkpoint files
+        # without `.crc`"). Renames stay atomic (the same call underneath). Only FileContext's:
         # RocksDB's snapshot upload needs Hadoop's FileSystem for file: to stay the checksummed
         # LocalFileSystem (it casts it). Other schemes (s3a:) are untouched; spark.extra_conf may
         # set this back.
