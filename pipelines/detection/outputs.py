@@ -30,8 +30,8 @@ INCIDENT, DEAD_LETTER, FEATURES, LATE, SAMPLE, MODELS = "incident", "dead_letter
 OUTPUT_SCHEMA = StructType([StructField("kind", StringType()), StructField("key", StringType()),
                             StructField("payload", BinaryType()), StructField("count", LongType())])
 FEATURE_ROW_ARROW_SCHEMA = to_arrow_schema(feature_row_schema())
-# Feature rows per output row: one JVM value each, bounded (a 16,000-job backlog in one batch was
-# more than the JVM's heap as one value).
+# Feature rows per output row: one JVM value each, bounded (a large backlog's rows as one value
+# can be more than the JVM's heap).
 FEATURE_ROWS_PER_PAYLOAD = 20_000
 # The start's warm-up of the Python workers (processor.load_models_on_workers): one row per
 # worker, its process id and the versions of the champions it loaded (null: it loads none).
