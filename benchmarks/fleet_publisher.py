@@ -44,8 +44,8 @@ def target(cfg) -> dict:
 
 
 # Paced publishing sends what is due every this many seconds, in one request, as a collector sends a
-# poll's events together. A send and flush per event time (a millisecond apart) cost the publisher a
-# third of a core and the broker an eighth at 2,000 jobs, on the two cores the job under test runs on.
+# poll's events together. A send and flush per event time (a millisecond apart) would take the
+# publisher's and the broker's CPU from the two cores the job under test runs on.
 PACE_S = 0.1
 
 
