@@ -9,9 +9,8 @@ is what makes offline and online features equal, not two implementations kept in
 
 **Order.** A job's events come in *streams* that are each in order at the source: its
 checkpoints, its status polls, each vertex's metric samples. The streams interleave loosely: a
-collector reports a checkpoint at its next poll, after vertex samples taken later (measured on
-the lab's real Flink: every checkpoint arrives 2.6-5 s behind the job's latest event with a 5 s
-poll). So an event is used as it arrives unless it is *late*: not after the last event of its own
+collector reports a checkpoint at its next poll, after vertex samples taken later (on real
+Flink, up to a poll behind the job's latest event). So an event is used as it arrives unless it is *late*: not after the last event of its own
 stream (a duplicate delivery, or a reordering), more than the allowed lateness behind the job's
 latest event, or older than the end of a finished job. Nothing waits for stragglers, and the
 same arrival order gives the same features in a replay.
@@ -318,7 +317,7 @@ class JobFeatureState:
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
     # Long-horizon fits, {JOB or vid: [stamp, trends]}: they change only when the thinned long
-    # buffer does (every ~22 s), not at every evaluation. Kept in the state because the stream
+    # buffer does (every LONG_WINDOW_MS / LONG_BUFFER_POINTS), not at every evaluation. Kept in the state because the stream
     # rebuilds the machine from it at every call; the stamp (length, first and last time) names
     # the buffer's content exactly, as entries are only appended later in time or dropped from
     # the front. Lists, not tuples, so a stamp read back from JSON compares equal.
@@ -571,7 +570,7 @@ class JobFeatureState:
                     self.run_first_checkpoint_ts is None or previous[0] <= self.run_first_checkpoint_ts):
                 # Flink counts a checkpoint it could not trigger because the tasks were not running
                 # yet (every job start, every restart) as failed, without a history entry; a real
-                # failure of a started run shows in the history (measured on the lab's runs).
+                # failure of a started run shows in the history.
                 self.failed_excused += total - previous[1]
             self.failed_polled = [ts, total]
             self.failed_counts.append([ts, total - self.failed_excused])

@@ -261,10 +261,10 @@ class SparkConfig(_Strict):
     )
     trigger_interval: str = Field("5 seconds", description="Processing-time trigger of the live job.")
     shuffle_partitions: int = Field(2, ge=1, description="Partitions of the detection's state: the cores it "
-                                                         "runs on (each costs a task per micro-batch; measured on "
-                                                         "local[2], 2,000 jobs: 2 partitions 2.9 s a batch, 4 "
-                                                         "partitions 3.9 s). Fixed by the checkpoint once it runs "
-                                                         "(the state buckets are spread over the checkpoint's).")
+                                                         "runs on (each partition costs a task per micro-batch, "
+                                                         "so more than the cores only slows a batch). Fixed by "
+                                                         "the checkpoint once it runs (the state buckets are "
+                                                         "spread over the checkpoint's).")
     driver_memory: str = Field("2g", description="The driver's memory when `sentinel` starts Spark itself.")
     log_level: Literal["ERROR", "WARN", "INFO", "DEBUG"] = Field("WARN", description="Spark's log level.")
     ui_enabled: bool = Field(False, description="Serve Spark's web UI.")

@@ -21,8 +21,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # The tests' JVMs (Spark drivers, `sentinel run` subprocesses, Flink, the champions' training) live
 # for seconds to minutes on little data: C2's optimising compiles cost more CPU than they win back.
-# C1 only, measured on two cores: tests/pipelines/io/test_kafka_source.py 251 -> 183 CPU s, the
-# champions' training 509 -> 452 CPU s. Production JVMs keep the JDK's default.
+# C1 only, on the tests' JVMs: less CPU on a small machine. Production JVMs keep the JDK's default.
 if "-XX:TieredStopAtLevel" not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
     os.environ["JAVA_TOOL_OPTIONS"] = " ".join(filter(None, [os.environ.get("JAVA_TOOL_OPTIONS"),
                                                              "-XX:TieredStopAtLevel=1"]))

@@ -176,8 +176,7 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     for rule in rules.values():
         needed.update(rule.guard_columns())
     # Built as arrays and put in walking order before they become one frame: taking and
-    # re-indexing the frame instead copied it three times (a fifth of the policy's time on a
-    # 100,000-event backlog).
+    # re-indexing the frame instead copies it several times over (a backlog's whole batch).
     columns = {c: rows[c].to_numpy()[positions] for c in sorted(needed) if c in rows.columns}
     columns["_row"] = positions
     for name in ("family", "score", "model_name", "model_version", "model_alias"):
@@ -285,7 +284,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
 class _RowRecords:
     """The feature rows a walk may need as dicts (NaN as None), made only for the rows it asks
     for: most rows of changing entities change nothing, and making every row a dict first was
-    about 60 % of the walk's time when training replays whole runs as one batch."""
+    most of the walk's time when training replays whole runs as one batch."""
 
     def __init__(self, rows: pd.DataFrame, positions: list[int]):
         self._rows, self._positions = rows, sorted(set(positions))
@@ -354,7 +353,7 @@ def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[
             kept = state.get(jobs[job_code], {}).get(entities[code], {}).get("scores", [])[-rule.n:]
             past_group += [code] * len(kept)
             past_scores += kept
-        # Looked up once per job name, not per row (a per-row map was 10-15 % of training's replays).
+        # Looked up once per job name, not per row: training replays whole runs as one batch.
         name_code, named = pd.factorize(part["job_name"], use_na_sentinel=False)
         horizon = np.array([job_settings[name].warmup_horizon_s for name in named], dtype="float64")[name_code]
         columns = {name: (part[name].to_numpy(dtype="float64") if name in part else np.full(len(part), np.nan))
