@@ -113,13 +113,14 @@ def test_backpressure_is_found_within_thirty_seconds_also_behind_expiring_checkp
 
 
 def test_skew_is_found_soon_after_a_sudden_onset_and_during_a_drift(evaluation):
-    """A drifting skew (the hot key's share rising over ten minutes) is labelled at the drift's
-    start, where there is no skew yet: found within its first two minutes."""
+    """A drifting skew (the hot key's share rising to 85 % over ten minutes) is labelled at the
+    drift's start, where there is no skew yet; the rule wants a tenth more than a fair share,
+    which the drift passes after about 70 s: found within two and a half minutes of its start."""
     delays = delays_of(evaluation, SKEW)
     sudden = [(run, d) for run, d in delays if "ramp" not in run]
     drifting = [(run, d) for run, d in delays if "ramp" in run]
     assert len(sudden) >= 4 and [(run, d) for run, d in sudden if d > SUDDEN_SKEW_WITHIN_S] == []
-    assert len(drifting) >= 2 and [(run, d) for run, d in drifting if d > 120.0] == []
+    assert len(drifting) >= 2 and [(run, d) for run, d in drifting if d > 150.0] == []
 
 
 def test_checkpoint_failures_are_reported_at_the_latest_at_the_first_failure(evaluation):
