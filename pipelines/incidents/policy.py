@@ -8,7 +8,12 @@ One open incident per (job, family, vertex). Per entity, in event-time order:
   the forecast ETA moves by more than ``eta_change_ratio`` (and at least a minute), or a symptom
   joins it;
 * ``resolved`` once the rule has not held for ``resolve_after_s`` of event time, or at once when
-  the job reaches a terminal state (finished, cancelled, failed).
+  the job reaches a terminal state (finished, cancelled, failed). An open leak holds while its
+  state still grows (:meth:`PostRule.sustains`), whatever its score.
+
+A decision a guard still holds back (a warm-up horizon, a start-up time) is a *suspicion*, kept
+in the entity's state and published only if the job ends or goes away first: an ``info``
+incident opened where it was first held and resolved at once, ``resolution: unconfirmed``.
 
 An incident's times are ordered: ``opened_at <= updated_at`` of each of its events, ``resolved_at
 = updated_at``, and ``updated_at`` never goes back; a row that arrives behind the incident's last
@@ -58,6 +63,7 @@ RECENT_VALUES = 6  # raw values kept per entity for the evidence
 RECENT_COLUMNS = {"state_leak": "vertex_state_size_bytes", "checkpoint_failure": "checkpoint_failed_fraction",
                   "backpressure": "busy_max", "skew": "records_in_max_over_mean"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+SUSTAIN_COLUMNS = ("vertex_state_rel_slope_per_h", "state_rel_slope_per_h")  # what PostRule.sustains reads
 
 
 @dataclass(frozen=True)
@@ -172,7 +178,7 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     found = positions >= 0
     if not found.all():
         scores, positions = scores[found], positions[found]
-    needed = set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
+    needed = set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS) | set(SUSTAIN_COLUMNS)
     for rule in rules.values():
         needed.update(rule.guard_columns())
     # Built as arrays and put in walking order before they become one frame: taking and
@@ -252,7 +258,8 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         job_settings = settings.for_job(columns["job_name"][i])
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
         if not holds and entity["open"] is not None and family not in job_settings.mute \
-                and columns["job_state"][i] not in TERMINAL_STATES and rules[family].sustains(full_record(columns["_row"][i])):
+                and columns["job_state"][i] not in TERMINAL_STATES \
+                and rules[family].sustains({name: columns[name][i] for name in SUSTAIN_COLUMNS if name in columns}):
             holds = True  # e.g. a leak whose score dipped while its state still grows
         suspected = (held is not None and bool(held[i]) and family not in job_settings.mute
                      and columns["job_state"][i] not in TERMINAL_STATES)
