@@ -52,11 +52,19 @@ def test_skew_between_the_jobmanager_and_the_collector_drops_nothing(trained_sto
                                                 _jobmanager_clock(lab_events, skew_s * 1000))], models)
     assert straight.late == {} and skewed.late == {}
     assert len(skewed.rows) == len(straight.rows)
-    assert _opened(skewed) == _opened(straight)
+    # The same incidents; with the JobManager far behind, a symptom (a failed checkpoint, stamped
+    # by its clock) may come before its cause and open, to be resolved into the cause's incident
+    # when that opens, as the policy does with any symptom seen first.
+    extra = set(_opened(skewed)) - set(_opened(straight))
+    assert set(_opened(straight)) <= set(_opened(skewed))
+    explained = {(i["job_id"], i["family"], i["vertex_id"]) for i in skewed.incidents
+                 if i["event"] == "resolved" and i["evidence"].get("explained_by")}
+    assert extra <= explained and (not extra or abs(skew_s) > 15), extra
     # Each incident opens when it did without the skew, give or take the skew and a poll.
     opened = {(i["job_id"], i["family"], i["vertex_id"]): i["opened_at"] for i in straight.incidents
               if i["event"] == "opened"}
     for incident in skewed.incidents:
-        if incident["event"] == "opened":
-            when = opened[(incident["job_id"], incident["family"], incident["vertex_id"])]
+        key = (incident["job_id"], incident["family"], incident["vertex_id"])
+        if incident["event"] == "opened" and key not in extra:
+            when = opened[key]
             assert abs(incident["opened_at"] - when) <= abs(skew_s) * 1000 + 10_000
