@@ -10,10 +10,11 @@ is what makes offline and online features equal, not two implementations kept in
 **Order.** A job's events come in *streams* that are each in order at the source: its
 checkpoints, its status polls, each vertex's metric samples. The streams interleave loosely: a
 collector reports a checkpoint at its next poll, after vertex samples taken later (on real
-Flink, up to a poll behind the job's latest event). So an event is used as it arrives unless it is *late*: not after the last event of its own
-stream (a duplicate delivery, or a reordering), more than the allowed lateness behind the job's
-latest event, or older than the end of a finished job. Nothing waits for stragglers, and the
-same arrival order gives the same features in a replay.
+Flink, up to a poll behind the job's latest event). So an event is used as it arrives unless it
+is *late*: not after the last event of its own stream (a duplicate delivery, or a reordering),
+more than the allowed lateness behind the job's latest event, or older than the end of a
+finished job. Nothing waits for stragglers, and the same arrival order gives the same features in
+a replay.
 
 Memory is bounded per job: the last few checkpoints, a thinned long horizon, the last few polls
 per vertex. A job idle for longer than ``idle_timeout_ms`` (event time) starts afresh, and so does
@@ -317,8 +318,8 @@ class JobFeatureState:
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
     # Long-horizon fits, {JOB or vid: [stamp, trends]}: they change only when the thinned long
-    # buffer does (every LONG_WINDOW_MS / LONG_BUFFER_POINTS), not at every evaluation. Kept in the state because the stream
-    # rebuilds the machine from it at every call; the stamp (length, first and last time) names
+    # buffer does (every LONG_WINDOW_MS / LONG_BUFFER_POINTS), not at every evaluation. Kept in
+    # the state because the stream rebuilds the machine from it at every call; the stamp (length, first and last time) names
     # the buffer's content exactly, as entries are only appended later in time or dropped from
     # the front. Lists, not tuples, so a stamp read back from JSON compares equal.
     long_trend_cache: dict = field(default_factory=dict)

@@ -178,7 +178,8 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     found = positions >= 0
     if not found.all():
         scores, positions = scores[found], positions[found]
-    needed = set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS) | set(SUSTAIN_COLUMNS)
+    needed = (set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
+              | set(SUSTAIN_COLUMNS))
     for rule in rules.values():
         needed.update(rule.guard_columns())
     # Built as arrays and put in walking order before they become one frame: taking and
@@ -368,10 +369,9 @@ def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[
         if family == STATE_LEAK and "limit_eta_s" in columns:
             limits = np.array([job_settings[name].state_limit_bytes for name in named], dtype="float64")[name_code]
             columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], ev.configured_limit_eta_s(part, limits))
-        decided[part.index], held[part.index] = rule.decide_and_hold_rows(entity, part["score"].to_numpy(dtype="float64"),
-                                               part["ts"].to_numpy(dtype="float64"), columns, horizon,
-                                               np.asarray(past_group, dtype=np.int64),
-                                               np.asarray(past_scores, dtype="float64"))
+        decided[part.index], held[part.index] = rule.decide_and_hold_rows(
+            entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
+            np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"))
     return decided, held
 
 
