@@ -53,7 +53,6 @@ implementation of the persistence count's threshold and of every guard.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, fields
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -65,8 +64,9 @@ import pandas as pd
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
-GUARD_COLUMNS = ("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau", "state_over_plateau",
-                 "vertex_state_rel_slope_per_h", "state_rel_slope_per_h")
+GROWTH_COLUMNS = ("vertex_state_rel_slope_per_h", "state_rel_slope_per_h")  # the vertex's, else the job's
+GUARD_COLUMNS = ("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau",
+                 "state_over_plateau") + GROWTH_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,7 @@ class PostRule:
         young = age < horizon_s
         over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
         resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
-        growing = np.nan_to_num(_vertex_else_job(c["vertex_state_rel_slope_per_h"], c["state_rel_slope_per_h"]),
-                                nan=-np.inf) >= self.min_growth_per_h
+        growing = self._growing(c)
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
         seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
@@ -233,12 +232,12 @@ class PostRule:
         """Whether an open incident of this rule's family still holds at ``row`` whatever its
         score: a leak (the rule with the warm-up guard) is over when its state stops growing, not
         when a score dips while it still grows by ``min_growth_per_h``."""
-        if not self.warmup_guard:
-            return False
-        slope = _value(row, "vertex_state_rel_slope_per_h")
-        if math.isnan(slope):
-            slope = _value(row, "state_rel_slope_per_h")
-        return slope >= self.min_growth_per_h
+        return self.warmup_guard and bool(self._growing({c: np.array([_value(row, c)]) for c in GROWTH_COLUMNS})[0])
+
+    def _growing(self, c: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Where the state still grows by ``min_growth_per_h`` of itself per hour (NaN: it does not)."""
+        slope = _vertex_else_job(*(c[name] for name in GROWTH_COLUMNS))
+        return np.nan_to_num(slope, nan=-np.inf) >= self.min_growth_per_h
 
     # --- persistence ------------------------------------------------------------------------------
 

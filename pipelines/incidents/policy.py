@@ -52,7 +52,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from models.post_rule import DEFAULT_WARMUP_HORIZON_S, PostRule
+from models.post_rule import DEFAULT_WARMUP_HORIZON_S, GROWTH_COLUMNS, PostRule
 from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED,
                                 ONE_PER_JOB, SAME_VERTEX, STATE_LEAK)
 from pipelines.incidents import evidence as ev
@@ -63,7 +63,6 @@ RECENT_VALUES = 6  # raw values kept per entity for the evidence
 RECENT_COLUMNS = {"state_leak": "vertex_state_size_bytes", "checkpoint_failure": "checkpoint_failed_fraction",
                   "backpressure": "busy_max", "skew": "records_in_max_over_mean"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-SUSTAIN_COLUMNS = ("vertex_state_rel_slope_per_h", "state_rel_slope_per_h")  # what PostRule.sustains reads
 
 
 @dataclass(frozen=True)
@@ -179,7 +178,7 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
     if not found.all():
         scores, positions = scores[found], positions[found]
     needed = (set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
-              | set(SUSTAIN_COLUMNS))
+              | set(GROWTH_COLUMNS))
     for rule in rules.values():
         needed.update(rule.guard_columns())
     # Built as arrays and put in walking order before they become one frame: taking and
@@ -260,7 +259,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
         if not holds and entity["open"] is not None and family not in job_settings.mute \
                 and columns["job_state"][i] not in TERMINAL_STATES \
-                and rules[family].sustains({name: columns[name][i] for name in SUSTAIN_COLUMNS if name in columns}):
+                and rules[family].sustains({name: columns[name][i] for name in GROWTH_COLUMNS if name in columns}):
             holds = True  # e.g. a leak whose score dipped while its state still grows
         suspected = (held is not None and bool(held[i]) and family not in job_settings.mute
                      and columns["job_state"][i] not in TERMINAL_STATES)
