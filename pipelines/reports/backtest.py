@@ -56,15 +56,21 @@ class Evaluation:
                   f" {'median delay':>12} | {'static: found':>13} {'false (healthy)':>15} {'false families':>14}"
                   f" {'median delay':>12}")
         lines = [header, "-" * len(header)]
-        for stratum in sorted(set(self.strata.values()), key=_stratum_order):
-            runs = {run for run, s in self.strata.items() if s == stratum}
-            m = Comparison([r for r in self.comparison.runs if r.run in runs]).metrics()
-            b = Comparison([r for r in self.baseline.runs if r.run in runs]).metrics()
+        for stratum, (_, m, b) in self.stratum_metrics().items():
             lines.append(f"{fit(stratum, 30)} {m['runs']:>3.0f} {_of(m):>12} {m['false_incidents_on_healthy']:>15.0f}"
                          f" {m['false_families_on_faulty']:>14.0f} {_sec(m['delay_s_median']):>12} | {_of(b):>13}"
                          f" {b['false_incidents_on_healthy']:>15.0f} {b['false_families_on_faulty']:>14.0f}"
                          f" {_sec(b['delay_s_median']):>12}")
         return lines
+
+    def stratum_metrics(self) -> dict[str, tuple[list[str], dict, dict]]:
+        """Each stratum's runs and metrics, the champions' and the static alarms', in table order."""
+        result = {}
+        for stratum in sorted(set(self.strata.values()), key=_stratum_order):
+            runs = sorted(run for run, s in self.strata.items() if s == stratum)
+            result[stratum] = (runs, Comparison([r for r in self.comparison.runs if r.run in runs]).metrics(),
+                               Comparison([r for r in self.baseline.runs if r.run in runs]).metrics())
+        return result
 
     def run_lines(self) -> list[str]:
         """A line per run; its names made printable and fitted to their columns."""
@@ -196,12 +202,8 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
     results = {"split": evaluation.split, "versions": evaluation.versions,
                "metrics": {f or "all": evaluation.comparison.metrics(f) for f in (*FAMILIES, None)},
                "baseline_metrics": {f or "all": evaluation.baseline.metrics(f) for f in (*FAMILIES, None)},
-               "strata": {stratum: {"runs": sorted(r for r, s in evaluation.strata.items() if s == stratum),
-                                    "metrics": Comparison([r for r in evaluation.comparison.runs
-                                                           if evaluation.strata.get(r.run) == stratum]).metrics(),
-                                    "baseline_metrics": Comparison([r for r in evaluation.baseline.runs
-                                                                    if evaluation.strata.get(r.run) == stratum]).metrics()}
-                          for stratum in sorted(set(evaluation.strata.values()))},
+               "strata": {stratum: {"runs": runs, "metrics": m, "baseline_metrics": b}
+                          for stratum, (runs, m, b) in evaluation.stratum_metrics().items()},
                "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,
                          "missed": r.missed, "false": [_brief(i) for i in r.false], "false_families": r.false_families}
                         for r in evaluation.comparison.runs]}
