@@ -9,17 +9,16 @@ suspicion published.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pipelines.contracts import INCIDENT
-from pipelines.datasets import read_jsonl, write_jsonl
+from pipelines.datasets import read_jsonl
 from pipelines.detection.champions import ChampionCache
 from pipelines.detection.flink_job import replay
 from pipelines.families import STATE_LEAK
 from pipelines.incidents.policy import TERMINAL_STATES, UNCONFIRMED
 from tests.conftest import LAB_CORPUS
+from tests.helpers.detection_job import write_jsonl
 
 LEAK_RUN = "leak_start-hashmap-filesystem-p1-r250-b100-i1000"  # leaks from its start; default horizon 180 s
 CUT_S = 150  # ends before the horizon
@@ -50,7 +49,7 @@ def test_a_leak_ending_within_its_warm_up_horizon_is_published_as_an_unconfirmed
     truth, events = recorded_run(LEAK_RUN)
     horizon_s = trained_store.detection.warmup_horizon_s
     assert CUT_S < horizon_s
-    incidents = replay(trained_store, [_written(tmp_path, ended_at(events, truth["start_ts"], CUT_S))],
+    incidents = replay(trained_store, [write_jsonl(tmp_path / "events.jsonl", ended_at(events, truth["start_ts"], CUT_S))],
                        models).incidents
     leak = [i for i in incidents if i["family"] == STATE_LEAK]
     assert [i["event"] for i in leak] == ["opened", "resolved"], incidents
@@ -71,14 +70,8 @@ def test_a_leak_ending_within_its_warm_up_horizon_is_published_as_an_unconfirmed
 def test_the_same_leak_run_to_its_end_is_confirmed_past_the_horizon_and_no_suspicion_is_published(trained_store, models,
                                                                                                  tmp_path):
     truth, events = recorded_run(LEAK_RUN)
-    incidents = replay(trained_store, [_written(tmp_path, events)], models).incidents
+    incidents = replay(trained_store, [write_jsonl(tmp_path / "events.jsonl", events)], models).incidents
     leak = [i for i in incidents if i["family"] == STATE_LEAK]
     assert leak and leak[0]["event"] == "opened" and leak[0]["severity"] != "info"
     assert leak[0]["opened_at"] - truth["start_ts"] >= trained_store.detection.warmup_horizon_s * 1000
     assert not [i for i in incidents if i.get("resolution") == UNCONFIRMED or i["summary"].startswith("[suspected]")]
-
-
-def _written(tmp_path: Path, events: list[dict]) -> Path:
-    path = tmp_path / "events.jsonl"
-    write_jsonl(path, events)
-    return path
