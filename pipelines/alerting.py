@@ -44,15 +44,18 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from pipelines import telemetry
 from pipelines.config import SentinelConfig
-from pipelines.families import ALERTNAMES
+from pipelines.contracts import SEVERITIES
+from pipelines.families import ALERTNAMES, FAMILIES
 from pipelines.io import kafka_clients
 from pipelines.reports.incident_view import page_file
 
@@ -80,11 +83,37 @@ class AlertsRefused(RuntimeError):
     """No Alertmanager accepted the alerts and at least one refused their content (HTTP 400/422)."""
 
 
-class RelayMetrics:
-    """What ``sentinel alert`` reports on ``/metrics`` (scrape job ``checkpoint-sentinel-alert``)."""
+class _OpenIncidents(Collector):
+    """``checkpoint_sentinel_open_incidents{family, severity}``, counted from the relay's book when
+    read. The relay rebuilds the book from the incident topic on start, so the count survives its
+    restarts (the detection job's open incidents live in its executors' state, not its driver)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+    def __init__(self, incidents: Callable[[], Iterable[dict]]):
+        self.incidents = incidents
+
+    def describe(self):
+        return [GaugeMetricFamily(f"{telemetry.PREFIX}_open_incidents", "")]
+
+    def collect(self):
+        # Every family and severity from the start: a panel or rule sees 0, not no data.
+        counts = {(family, severity): 0 for family in FAMILIES for severity in SEVERITIES}
+        for incident in list(self.incidents()):
+            key = (incident.get("family"), incident.get("severity"))
+            counts[key] = counts.get(key, 0) + 1
+        gauge = GaugeMetricFamily(f"{telemetry.PREFIX}_open_incidents", "Incidents open now, by family and "
+                                  "severity, as the incident topic says", labels=["family", "severity"])
+        for (family, severity), count in sorted(counts.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+            gauge.add_metric([str(family), str(severity)], count)
+        return [gauge]
+
+
+class RelayMetrics:
+    """What ``sentinel alert`` reports on ``/metrics`` (scrape job ``checkpoint-sentinel-alert``);
+    ``open_incidents`` gives the incidents open now (the relay's book)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 open_incidents: Callable[[], Iterable[dict]] = lambda: ()):
+        self.registry = registry or telemetry.part_registry("alert")
         r, prefix = self.registry, f"{telemetry.PREFIX}_alert_relay"
         self.delivered = Counter(f"{prefix}_delivered", "Alerts an Alertmanager accepted", registry=r)
         self.rejected = Counter(f"{prefix}_rejected", "Incident events that did not become an alert: unreadable, "
@@ -97,6 +126,7 @@ class RelayMetrics:
                                   registry=r)
         for reason in REJECT_REASONS:  # present from the start, so a rule's increase() sees the first one
             self.rejected.labels(reason)
+        self.registry.register(_OpenIncidents(open_incidents))
 
 
 def _iso(ms: int) -> str:
@@ -338,7 +368,7 @@ class AlertRelay:
         self.book = AlertBook(settings.open_alert_ttl_s, settings.incident_url)
         self.clock = clock
         self.stats = RelayStats()
-        self.metrics = RelayMetrics()
+        self.metrics = RelayMetrics(open_incidents=lambda: self.book.open.values())
         self.metrics_server: telemetry.MetricsServer | None = None
         self._consumer = None
         self._tps: list[TopicPartition] = []

@@ -7,21 +7,59 @@
 Staleness is exported as timestamps (``..._timestamp_seconds``), so a rule reads ``time() - x``
 from a stalled process's last value as well as from a live one.
 
-The metric objects live in a registry of their own per process part, so tests and two parts in
-one process never share counters.
+Each part (``sentinel run``, ``collect``, ``alert``) builds one registry (:func:`part_registry`):
+its own metrics, the process's (``process_*``: memory, CPU, file descriptors), the platform's
+(``python_info``, ``python_gc_*``) and ``checkpoint_sentinel_build_info``. A process runs one part,
+so it serves one registry with all of them; tests that build several parts in one process never
+share counters.
 """
 
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, Counter, Gauge,
+                               Histogram, ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 PREFIX = "checkpoint_sentinel"
+# Spark's micro-batches: a quiet trigger is well under a second, a backlog's batch minutes.
+BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+def build_version() -> str:
+    try:
+        return metadata.version("checkpoint-sentinel")
+    except metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+class _BuildInfo(Collector):
+    """``checkpoint_sentinel_build_info`` (1), Prometheus's convention: what runs where, to join on."""
+
+    def __init__(self, component: str):
+        self.labels = {"component": component, "version": build_version(),
+                       "python_version": platform.python_version()}
+
+    def collect(self):
+        info = GaugeMetricFamily(f"{PREFIX}_build_info", "The sentinel's version and part (1)",
+                                 labels=list(self.labels))
+        info.add_metric(list(self.labels.values()), 1)
+        return [info]
+
+
+def part_registry(component: str) -> CollectorRegistry:
+    """A registry for one part of the sentinel (``detection``, ``collector``, ``alert``) with the
+    process, platform and garbage-collector collectors and the build info already in it."""
+    registry = CollectorRegistry()
+    for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR, _BuildInfo(component)):
+        registry.register(collector)
+    return registry
 
 
 @dataclass
@@ -93,14 +131,14 @@ class DetectionMetrics:
     served on /metrics and written to the text file, so both carry the same names."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or part_registry("detection")
         r = self.registry
         self.incident_events = Counter(f"{PREFIX}_incident_events", "Incident events published",
                                        ["family", "severity", "event"], registry=r)
         self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Input records sent to the dead-letter topic",
                                     ["reason"], registry=r)
-        self.batch_duration = Gauge(f"{PREFIX}_batch_duration_seconds", "Duration of the query's latest micro-batch",
-                                    ["query"], registry=r)
+        self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Duration of the query's micro-batches",
+                                        ["query"], buckets=BATCH_DURATION_BUCKETS, registry=r)
         self.input_rows = Counter(f"{PREFIX}_input_rows", "Input rows the query has read", ["query"], registry=r)
         self.input_rate = Gauge(f"{PREFIX}_input_rows_per_second", "Input rows per second of the latest batch "
                                 "(as they arrived)", ["query"], registry=r)
@@ -148,6 +186,11 @@ class DetectionMetrics:
         self.broker_last_contact = Gauge(f"{PREFIX}_broker_last_contact_timestamp_seconds",
                                          "When the Kafka broker last answered the input source", registry=r)
 
+    def watch_jvm(self, pid: int) -> None:
+        """The driver's JVM's memory and CPU as ``checkpoint_sentinel_jvm_process_*``: the Python
+        process's own ``process_*`` leave out the JVM it started, where most of the memory is."""
+        ProcessCollector(namespace=f"{PREFIX}_jvm", pid=lambda: pid, registry=self.registry)
+
     def incidents(self, events: Iterable[dict]) -> None:
         for event in events:
             self.incident_events.labels(event["family"], event["severity"], event["event"]).inc()
@@ -168,7 +211,7 @@ class DetectionMetrics:
         self.input_rows.labels(query).inc(batch.input_rows)
         self.input_rate.labels(query).set(batch.input_rows_per_second)
         self.processed_rate.labels(query).set(batch.processed_rows_per_second)
-        self.batch_duration.labels(query).set(batch.duration_s)
+        self.batch_duration.labels(query).observe(batch.duration_s)
         self.batch_id.labels(query).set(batch.batch_id)
         self.state_rows.labels(query).set(batch.state_rows)
         self.dropped_late.labels(query).inc(batch.rows_dropped_by_watermark)
@@ -194,7 +237,7 @@ class CollectorMetrics:
     """What ``sentinel collect`` reports, per Flink cluster."""
 
     def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or part_registry("collector")
         r = self.registry
         self.polls = Counter(f"{PREFIX}_collector_polls", "Polls of the cluster", ["cluster"], registry=r)
         self.poll_errors = Counter(f"{PREFIX}_collector_poll_errors", "Errors met while polling (after retries)",

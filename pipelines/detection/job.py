@@ -333,6 +333,9 @@ def start_detection(spark: SparkSession, config: SentinelConfig, cache: Champion
     workers = _load_models_on_workers(spark, config)
     detection = config.detection
     metrics = DetectionMetrics()
+    jvm = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)  # None under spark-submit
+    if jvm is not None:
+        metrics.watch_jvm(jvm.pid)
     metrics.newest_event_seen(DETECTION_QUERY, checkpointed_newest_event_s(
         config.checkpoint_dir(DETECTION_QUERY), int(config.features.watermark_delay.split()[0])))
     server = serve(metrics.registry, detection.metrics_host, detection.metrics_port) \

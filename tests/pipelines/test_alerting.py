@@ -328,3 +328,29 @@ def test_an_incident_url_names_the_page_sentinel_report_writes_for_the_id():
     link = to_alert(hostile, 1, url)["annotations"]["incident_url"]
     assert link == f"https://sentinel.example/incidents/{page_file('../../etc/x?y#z')}"
     assert "/../" not in link and "?" not in link and "#" not in link
+
+
+def test_the_relay_counts_the_open_incidents_by_family_and_severity_from_its_book():
+    from prometheus_client import generate_latest
+
+    from pipelines.alerting import AlertBook, RelayMetrics
+    from tests.helpers.metrics import samples
+
+    book = AlertBook(open_alert_ttl_s=3900)
+    metrics = RelayMetrics(open_incidents=lambda: book.open.values())
+    name = "checkpoint_sentinel_open_incidents"
+    skew_warning, skew_critical = (name, (("family", "skew"), ("severity", "warning"))), \
+        (name, (("family", "skew"), ("severity", "critical")))
+    (a_opened, a_escalated, a_resolved), (b_opened, _, _) = skew_incident("j1"), skew_incident("j2")
+    for event in (a_opened, b_opened):
+        book.apply(event, now_ms=event["opened_at"])
+    seen = samples(generate_latest(metrics.registry).decode())
+    assert (seen[skew_warning], seen[skew_critical]) == (2, 0)
+    assert seen[(name, (("family", "backpressure"), ("severity", "info")))] == 0  # every pair from the start
+    book.apply(a_escalated, now_ms=a_escalated["updated_at"])
+    seen = samples(generate_latest(metrics.registry).decode())
+    assert (seen[skew_warning], seen[skew_critical]) == (1, 1)
+    book.apply(a_resolved, now_ms=a_resolved["updated_at"])
+    seen = samples(generate_latest(metrics.registry).decode())
+    assert (seen[skew_warning], seen[skew_critical]) == (1, 0)
+    assert sum(v for (n, _), v in seen.items() if n == name) == 1

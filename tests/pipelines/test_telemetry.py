@@ -71,3 +71,57 @@ def test_the_collector_s_metrics_account_for_every_poll():
     assert seen[("checkpoint_sentinel_collector_request_duration_seconds_count", eu)] == 2
     assert seen[("checkpoint_sentinel_collector_request_duration_seconds_bucket", (("cluster", "prod-eu"), ("le", "0.025")))] == 1
     assert seen[("checkpoint_sentinel_collector_jobs", eu)] == 0  # the latest poll saw none
+
+
+def test_each_part_serves_its_process_s_memory_and_cpu_and_what_build_it_runs():
+    from importlib.metadata import version
+
+    from pipelines.alerting import RelayMetrics
+
+    for component, metrics in (("detection", DetectionMetrics()), ("collector", CollectorMetrics()),
+                               ("alert", RelayMetrics())):
+        server = serve(metrics.registry, "127.0.0.1", 0)
+        try:
+            seen = scrape(server.url)
+        finally:
+            server.close()
+        builds = [dict(labels) for (name, labels) in seen if name == "checkpoint_sentinel_build_info"]
+        assert builds == [{"component": component, "version": version("checkpoint-sentinel"),
+                           "python_version": builds[0]["python_version"]}]
+        # This very process: its resident memory is that of a Python with prometheus_client loaded.
+        assert 10 * 2**20 < seen[("process_resident_memory_bytes", ())] < 16 * 2**30
+        assert seen[("process_cpu_seconds_total", ())] > 0
+        assert any(name == "python_info" for name, _ in seen)
+
+
+def test_batch_durations_are_a_histogram_a_quantile_can_be_read_from():
+    metrics = DetectionMetrics()
+    for batch_id, seconds in enumerate((0.3, 0.7, 4.0, 45.0)):
+        metrics.progress("detection", BatchProgress(batch_id=batch_id, input_rows=1, input_rows_per_second=1.0,
+                                                    processed_rows_per_second=1.0, duration_s=seconds, state_rows=1,
+                                                    rows_dropped_by_watermark=0))
+    server = serve(metrics.registry, "127.0.0.1", 0)
+    try:
+        seen = scrape(server.url)
+    finally:
+        server.close()
+    name = "checkpoint_sentinel_batch_duration_seconds"
+    assert seen[(f"{name}_count", (("query", "detection"),))] == 4
+    assert seen[(f"{name}_sum", (("query", "detection"),))] == 50.0
+    assert seen[(f"{name}_bucket", (("le", "0.5"), ("query", "detection")))] == 1
+    assert seen[(f"{name}_bucket", (("le", "5.0"), ("query", "detection")))] == 3
+    assert seen[(f"{name}_bucket", (("le", "30.0"), ("query", "detection")))] == 3
+    assert seen[(f"{name}_bucket", (("le", "+Inf"), ("query", "detection")))] == 4
+
+
+def test_the_driver_s_jvm_is_watched_beside_its_python_process(spark):
+    metrics = DetectionMetrics()
+    metrics.watch_jvm(spark.sparkContext._gateway.proc.pid)
+    server = serve(metrics.registry, "127.0.0.1", 0)
+    try:
+        seen = scrape(server.url)
+    finally:
+        server.close()
+    # A JVM with Spark's classes loaded holds far more than this Python's memory.
+    assert seen[("checkpoint_sentinel_jvm_process_resident_memory_bytes", ())] > 100 * 2**20
+    assert seen[("checkpoint_sentinel_jvm_process_cpu_seconds_total", ())] > 1
