@@ -17,13 +17,13 @@ from pydantic import BaseModel, BeforeValidator, SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from pipelines import config as config_module
+from pipelines.config import base as config_base
 from pipelines.config import SentinelConfig
 
 HEADER = """\
 # Configuration reference
 
-Generated from the config models in `pipelines/config.py` by
+Generated from the config models in `pipelines/config/` by
 `python -m pipelines.config_reference > docs/CONFIGURATION.md`; a test keeps it current.
 
 One typed config (pydantic, unknown keys rejected). Sources, strongest first:
@@ -72,9 +72,9 @@ def type_name(annotation: Any) -> str:
         base, *metadata = get_args(annotation)
         for item in metadata:
             if isinstance(item, BeforeValidator):
-                if item.func is config_module._local_path:
+                if item.func is config_base._local_path:
                     return "local path"
-                if item.func is config_module._storage_location:
+                if item.func is config_base._storage_location:
                     return "path or URI"
         return type_name(base)
     if origin is Literal:
