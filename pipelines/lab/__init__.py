@@ -296,8 +296,9 @@ class LabSession:
 
     def run(self, variants: Sequence[LabVariant], keep_cluster: bool = False) -> list[LabRun]:
         from infra.flink_cluster import LocalFlinkCluster, ensure_flink_runtime
-        from pipelines.collector import ClusterCollector, kafka_publisher
+        from pipelines.collector import ClusterCollector
         from pipelines.config import FlinkClusterEndpoint
+        from pipelines.io.input_publisher import kafka_publisher
 
         version = self.config.lab.flink_version
         elsewhere = [v.run_id for v in variants if v.flink_version != version]
