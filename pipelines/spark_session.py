@@ -3,12 +3,14 @@
 Run by ``sentinel`` itself, the session is local (``spark.master`` of the config) and users never
 set ``PYSPARK_PYTHON``: the driver and its workers run the interpreter that runs this code (the
 project's ``.venv``), so the workers can import the project's packages. Run by ``spark-submit``
-(``infra/spark_submit_main.py``), spark-submit owns the cluster: its ``--master``, ``--conf``,
-driver memory and ``spark.pyspark.python`` are left as given.
+(``infra/spark_submit_main.py``), spark-submit owns the cluster: its ``--master``, driver memory,
+``spark.pyspark.python`` and every ``--conf`` it was given are left as given; the sentinel's
+settings fill in only what it left unset.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -19,6 +21,8 @@ from pyspark.sql import SparkSession
 
 from pipelines.config import SentinelConfig
 from pipelines.io.kafka_source import KafkaDataSource
+
+log = logging.getLogger(__name__)
 
 REQUIRED_JAVA_MAJOR = 17
 
@@ -60,8 +64,38 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def submitted_conf() -> dict[str, str]:
+    """What the submitter gave this driver: spark-submit's ``--conf``, ``--name``, properties file
+    and ``spark-defaults.conf``, as its JVM holds them (the JVM spark-submit started is running)."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts nothing
+    return dict(SparkConf().getAll())
+
+
+def unset_by_submitter(settings: dict[str, str], given: dict[str, str]) -> dict[str, str]:
+    """The ``settings`` the submitter's ``given`` ones leave to the sentinel: a builder option
+    would override spark-submit's ``--conf`` (PySpark applies them over SparkConf), so a key it set
+    is left as set. spark-submit names every application after its file unless ``--name`` says
+    otherwise: that name is not a choice, and the config's applies.
+
+    >>> unset_by_submitter({"spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
+    ...                     "spark.app.name": "checkpoint-sentinel"},
+    ...                    {"spark.ui.enabled": "true", "spark.app.name": "spark_submit_main.py"})
+    {'spark.sql.session.timeZone': 'UTC', 'spark.app.name': 'checkpoint-sentinel'}
+    """
+    chosen = {k: v for k, v in given.items() if not (k == "spark.app.name" and v.endswith(".py"))}
+    left = {k: v for k, v in settings.items() if k not in chosen}
+    for key in sorted(set(settings) - set(left)):
+        if chosen[key] != settings[key]:
+            log.info("spark-submit set %s=%s: the sentinel's %s is not applied", key, chosen[key], settings[key])
+    return left
+
+
 def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
-    """Get or create the session described by ``config.spark``, with the Kafka data source registered."""
+    """Get or create the session described by ``config.spark``, with the Kafka data source
+    registered. Under spark-submit, a setting it was given wins over the config's and the
+    sentinel's own (:func:`unset_by_submitter`)."""
     ensure_java()
     spark_cfg = config.spark
     builder = SparkSession.builder
@@ -79,21 +113,20 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
                    # Spark's scratch files inside the project's state folder, not /tmp at random (a
                    # cluster's workers have their own SPARK_LOCAL_DIRS).
                    .config("spark.local.dir", str(config.state_dir / "spark-local")))
-    builder = (
-        builder
-        .appName(spark_cfg.app_name + (f"-{app_suffix}" if app_suffix else ""))
-        .config("spark.sql.shuffle.partitions", str(spark_cfg.shuffle_partitions))
-        .config("spark.ui.enabled", str(spark_cfg.ui_enabled).lower())
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.ui.showConsoleProgress", "false")
+    settings = {
+        "spark.app.name": spark_cfg.app_name + (f"-{app_suffix}" if app_suffix else ""),
+        "spark.sql.shuffle.partitions": str(spark_cfg.shuffle_partitions),
+        "spark.ui.enabled": str(spark_cfg.ui_enabled).lower(),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.ui.showConsoleProgress": "false",
         # transformWithState (the streaming features) needs RocksDB; it also keeps large state off-heap.
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         # A commit writes the changed rows, not a RocksDB snapshot (flush, new SST files, a zip per
         # batch and partition); snapshots are made in the background. Every job's state changes
         # every few seconds, so a snapshot per batch copied the whole state each time.
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # Spark's checkpoint files on this machine (file:) without Hadoop's .crc file beside each:
         # a micro-batch writes and renames a dozen small files (its offsets, its commit, each
         # partition's state changelog) through Hadoop's FileContext, and the checksummed one
@@ -102,12 +135,13 @@ def build_spark(config: SentinelConfig, app_suffix: str = "") -> SparkSession:
         # RocksDB's snapshot upload needs Hadoop's FileSystem for file: to stay the checksummed
         # LocalFileSystem (it casts it). Other schemes (s3a:) are untouched; spark.extra_conf may
         # set this back.
-        .config("spark.hadoop.fs.AbstractFileSystem.file.impl", "org.apache.hadoop.fs.local.RawLocalFs")
-        .config("spark.sql.warehouse.dir", str(config.state_dir / "spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", f"-Dderby.system.home={config.state_dir / 'derby'}")
-    )
-    # The storage settings first: spark.extra_conf may refine Hadoop's S3 client further.
-    for key, value in {**config.storage.spark_conf(), **spark_cfg.extra_conf}.items():
+        "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
+        "spark.sql.warehouse.dir": str(config.state_dir / "spark-warehouse"),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={config.state_dir / 'derby'}",
+        # The storage settings first: spark.extra_conf may refine Hadoop's S3 client further.
+        **config.storage.spark_conf(), **spark_cfg.extra_conf,
+    }
+    for key, value in unset_by_submitter(settings, submitted_conf() if submitted() else {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(spark_cfg.log_level)
