@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from pipelines.families import BY_NAME, REGISTRY
+
 
 @dataclass(frozen=True)
 class BaselineThresholds:
@@ -32,24 +34,12 @@ class BaselineThresholds:
         return asdict(self)
 
 
-def _column(frame: pd.DataFrame, name: str) -> pd.Series:
-    return frame[name].astype("float64")
-
-
 def baseline_decisions(frame: pd.DataFrame, family: str, thresholds: BaselineThresholds = BaselineThresholds()) -> np.ndarray:
-    """The static alarm's decision at every row (a missing value never alarms)."""
-    if family == "state_leak":
-        fired = (_column(frame, "vertex_state_size_bytes") > thresholds.checkpoint_size_bytes) | (
-            (_column(frame, "vertex_state_rel_slope_per_h") > 0) & (_column(frame, "vertex_state_r2") >= thresholds.growing_r2))
-    elif family == "checkpoint_failure":
-        fired = (_column(frame, "checkpoint_failed_fraction") > 0) | (_column(frame, "checkpoint_duration_over_interval") > 1)
-    elif family == "backpressure":
-        fired = _column(frame, "backpressured_max") > thresholds.backpressured_ratio
-    elif family == "skew":
-        fired = _column(frame, "records_in_max_over_mean") > thresholds.rate_skew_ratio
-    else:
+    """The static alarm's decision at every row (a missing value never alarms); each family's is
+    declared with it (``Family.static_alarm``)."""
+    if family not in BY_NAME:
         raise ValueError(f"no static baseline for {family!r}")
-    return fired.fillna(False).to_numpy(dtype=bool)
+    return BY_NAME[family].static_alarm(frame, thresholds)
 
 
 @dataclass(frozen=True)
@@ -60,7 +50,7 @@ class _AlarmConfig:
 class StaticAlarm:
     """A static alarm with a detector's face: ``score`` is 1.0 where it fires, else 0.0."""
 
-    FAMILIES = ("state_leak", "backpressure", "skew", "checkpoint_failure")
+    FAMILIES = tuple(f.name for f in REGISTRY if f.has_static_alarm)
 
     def __init__(self, family: str, thresholds: BaselineThresholds = BaselineThresholds()):
         self.config = _AlarmConfig(family)

@@ -21,92 +21,26 @@ try:  # scikit-learn's own, for isolation_scores (private: absent, score_samples
 except ImportError:  # pragma: no cover - another scikit-learn layout
     _average_path_length = None
 
-from feature_store.definitions import FEATURES, features_of
-from pipelines.families import FAMILIES, LOCALISED
+from feature_store.definitions import FEATURES
+from pipelines.families import BY_NAME
 
 FEATURE_SET_VERSION = 5  # bump when a family's feature list changes meaning
 
-# No job age: in the simulated fleet every fault strikes a job hours old, in the lab minutes old,
-# and a detector that reads age learns "young jobs do not fail" (see docs/DETECTORS.md, "Detectors
-# and their post-rules"). Start-up is told apart by what it looks like (every vertex busy, none
-# backpressured), and a leak's warm-up by the post-rule's horizon.
-CONTEXT = ("checkpoint_interval_ms",)
-AGE = ("job_age_s", "job_age_checkpoints")
-# Absolute sizes differ by orders of magnitude between jobs (a lab job's megabytes, a fleet's
-# gigabytes): a detector that splits on them learns the jobs it saw, not the failure.
-ABSOLUTE = ("state_size_bytes", "vertex_state_size_bytes", "state_growth_bytes_per_record", "persisted_inflight_bytes")
-
-# Which rows each family is judged on, and which features it reads.
-FAMILY_LEVEL = {family: "vertex" if family in LOCALISED else "job" for family in FAMILIES}
+# Which rows each family is judged on (a vertex's or the job's).
+FAMILY_LEVEL = {name: family.level for name, family in BY_NAME.items()}
 
 
 def default_features(family: str) -> tuple[str, ...]:
-    if family == "state_leak":
-        # How long a job may warm up is the operator's (the post-rule's horizon), not learned.
-        return CONTEXT + _relative(features_of("state_leak")) + (
-            "busy_reported", "state_reported", "limit_known")
-    if family == "backpressure":
-        # No buffer-pool usage: a saturated operator fed over a local channel (the same TaskManager)
-        # reports inPoolUsage 0 on Flink 2.3, over the network close to 1 (see docs/DETECTORS.md,
-        # "Detectors and their post-rules");
-        # the backpressured time of the vertices around it says the same thing either way.
-        # No subtask means either: a vertex is as fast as its slowest subtask, and a mean hides
-        # one hot subtask that saturates (the more so, the higher the parallelism).
-        # No growth of the barriers' delays: a saturated bottleneck's checkpoints all expire, its
-        # delays stop growing at the timeout, and a model reading their slopes let go of it there.
-        named = tuple(n for n in _relative(features_of("backpressure"))
-                      if n not in ("in_pool_max", "out_pool_max", "busy_mean", "idle_mean",
-                                   "start_delay_rel_slope_per_h", "alignment_rel_slope_per_h"))
-        return CONTEXT + named + ("busy_reported", "checkpoint_duration_over_interval",
-                                  "checkpoint_duration_over_timeout")
-    if family == "skew":
-        # hot_subtask is an index: where the skew is, not whether.
-        return CONTEXT + tuple(n for n in features_of("skew") if n != "hot_subtask") + ("busy_max", "start_delay_max_ms")
-    if family == "checkpoint_failure":
-        return CONTEXT + features_of("checkpoint_failure")
-    if family == "anomaly":
-        # What is new about a job's behaviour, not about its size or age: a fleet's jobs differ by
-        # orders of magnitude in both, and a young or small job is not an anomaly.
-        return tuple(f.name for f in FEATURES if f.level == "job" and f.name not in ABSOLUTE + AGE)
-    raise ValueError(f"unknown family {family!r}")
-
-
-def _relative(names: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(n for n in names if n not in ABSOLUTE)
-
-
-# How a family's score may move as a feature grows, all else equal (+1: never down, -1: never
-# up), in the direction operators read these metrics; features not named are free. Trained on
-# a few dozen real runs and a simulator, an unconstrained model learns accidents of its data (a
-# long checkpoint start delay lowered a saturated bottleneck's score: see docs/DETECTORS.md, "On
-# real Flink: how the detectors got there").
-MONOTONE: dict[str, dict[str, int]] = {
-    "backpressure": {
-        "busy_max": 1,
-        # the bottleneck itself is busy, not waiting: its own backpressured time says "look downstream"
-        "backpressured_max": -1, "backpressured_mean": -1,
-        "downstream_of_backpressure": 1, "is_busiest_vertex": 1, "others_backpressured_max": 1,
-        "start_delay_max_ms": 1, "alignment_max_ms": 1, "start_delay_rel_slope_per_h": 1,
-        "alignment_rel_slope_per_h": 1, "persisted_inflight_rel_slope_per_h": 1,
-        "checkpoint_duration_over_interval": 1, "checkpoint_duration_over_timeout": 1,
-    },
-    "skew": {
-        "records_in_max_over_mean": 1, "records_in_cv": 1, "records_in_hot_excess": 1,
-        "state_max_over_mean": 1, "state_cv": 1, "state_hot_excess": 1, "start_delay_max_over_median": 1,
-    },
-    "checkpoint_failure": {
-        "checkpoint_failed_fraction": 1, "checkpoint_consecutive_failures": 1, "checkpoint_failures_counted": 1,
-        "checkpoint_duration_over_interval": 1, "checkpoint_duration_over_timeout": 1,
-        "checkpoint_duration_rel_slope_per_h": 1, "restarts_in_window": 1, "jm_heap_ratio": 1,
-        "jm_heap_rel_slope_per_h": 1,
-    },
-    # None for leaks: a warm-up and a leak differ in how growth, fit and deceleration combine;
-    # constrained, the leak detector fired on a simulated CEP warm-up and missed linear leaks.
-}
+    """The features the family's detector reads (declared with the family: pipelines/families/)."""
+    if family not in BY_NAME:
+        raise ValueError(f"unknown family {family!r}")
+    return BY_NAME[family].features
 
 
 def default_monotone(family: str, features: tuple[str, ...]) -> dict[str, int]:
-    return {name: sign for name, sign in MONOTONE.get(family, {}).items() if name in features}
+    """The family's monotone signs on ``features`` (+1: the score never falls as the feature
+    grows, -1: never rises); features not named are free."""
+    return {name: sign for name, sign in BY_NAME[family].monotone if name in features}
 
 
 @dataclass
@@ -119,7 +53,7 @@ class DetectorConfig:
     n_estimators: int = 200  # the novelty detector's trees
     seed: int = 0
     feature_set_version: int = FEATURE_SET_VERSION
-    # feature -> +1/-1 (see MONOTONE); None: the family's default. Saved with the model.
+    # feature -> +1/-1 (see Family.monotone); None: the family's default. Saved with the model.
     monotone: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
@@ -257,4 +191,4 @@ def isolation_scores(forest: IsolationForest, X: np.ndarray) -> np.ndarray:
 
 
 def make_detector(config: DetectorConfig) -> FamilyDetector | NoveltyDetector:
-    return NoveltyDetector(config) if config.family == "anomaly" else FamilyDetector(config)
+    return FamilyDetector(config) if BY_NAME[config.family].supervised else NoveltyDetector(config)

@@ -25,7 +25,7 @@ import pandas as pd
 from models.detectors import FAMILY_LEVEL, rows_for
 from models.evaluation import replay_incidents
 from models.registry import LoadedDetector
-from pipelines.families import ANOMALY, LOCALISED
+from pipelines.families import LOCALISED
 from pipelines.incidents import policy
 
 FALSE_POSITIVE = "false_positive"
@@ -80,7 +80,7 @@ class FleetFeedback:
             rows = self.entity_rows(verdict)
             if verdict["verdict"] == CONFIRMED:
                 rows = rows[rows["ts"] >= verdict["opened_at"]]
-                label, onset = (ANOMALY if family == ANOMALY else family), verdict["opened_at"]
+                label, onset = family, verdict["opened_at"]
             else:
                 label, onset = "healthy", pd.NA
             if len(rows):

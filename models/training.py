@@ -45,53 +45,19 @@ from models.post_rule import PostRule
 from models.registry import LoadedDetector
 from models.validation import TrainingSetInvalid, validate_training_set
 from pipelines.config import SentinelConfig
-from pipelines.families import (ANOMALY, CHECKPOINT_FAILURE, EXPLAINED_BY, FAMILIES, SKEW, STATE_LEAK,
-                                SUPERVISED)
+from pipelines.families import ANOMALY, BY_NAME, CHECKPOINT_FAILURE, EXPLAINED_BY, FAMILIES, SUPERVISED
 from pipelines.incidents.comparison import Comparison
 from pipelines.incidents.policy import PolicySettings
 
 DEFAULT_GRID = {"learning_rate": (0.05, 0.15), "max_depth": (3, 6)}
 ANOMALY_GRID = {"n_estimators": (100, 300)}  # the novelty detector has other knobs
 CALIBRATION_THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
-# A checkpoint-failure decision already needs evidence of a real failure (the rule's evidence
-# below): on-call should hear of it at that failure, not a few evaluations later.
-FAMILY_PERSISTENCE = {CHECKPOINT_FAILURE: ((1, 1),)}
-# Among rules equally good on faults and false incidents, the soonest wins, by this statistic of
-# the family's delays. A checkpoint failure is due at the first failed checkpoint, so one fault
-# found a poll late makes a worse rule, which the median of a handful of faults does not see (a
-# storage outage's first failure scores lower than an expired checkpoint's: see docs/DETECTORS.md,
-# "On real Flink: how the detectors got there"). Elsewhere the median: a lower leak threshold that
-# wins seconds on a few validation leaks raised a false leak on a simulated job with failing
-# checkpoint storage.
-DELAY_STATISTIC = {CHECKPOINT_FAILURE: np.mean}
 ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
-# The guards each family's rule carries, written from what operators know:
-# * a leak decision on a job younger than its warm-up horizon needs growth after a plateau or
-#   its limit in sight (the horizon itself comes from the config);
-# * backpressure is another vertex waiting on this one: a busy vertex alone (an operator
-#   starting up, PyFlink's Python workers) is not;
-# * a checkpoint-failure incident must show a failure (in the history or Flink's counter), a
-#   checkpoint near its timeout, a pile-up, a restart or a nearly full JobManager heap; a failed
-#   checkpoint in the history decides by itself (on-call hears of it at that failure);
-# * skew needs a subtask with a tenth more than its fair share of the records or the state, in a
-#   vertex not itself backpressured half the time (its downstream sets its rates, not its keys);
-# * skew (a share of records-in rates) and anomalies (the job unlike its usual self) wait out the
-#   first minute after a (re)start: Flink's rates are one-minute meters that fill unevenly, and
-#   a job's first checkpoints are not its usual behaviour (the lab's false anomalies and skew came
-#   in that first minute: docs/DETECTORS.md, "Detectors and their post-rules").
-STARTUP_S = 60.0
-POST_RULE_GUARDS = {
-    STATE_LEAK: {"warmup_guard": True},
-    "backpressure": {"evidence": (("others_backpressured_max", 0.1),)},
-    SKEW: {"startup_s": STARTUP_S, "evidence": (("records_in_hot_excess", 0.1), ("state_hot_excess", 0.1)),
-           "refused_by": (("backpressured_max", 0.5),)},
-    ANOMALY: {"startup_s": STARTUP_S},
-    CHECKPOINT_FAILURE: {"evidence": (("checkpoint_failed_fraction", 1e-9), ("checkpoint_duration_over_timeout", 0.5),
-                                      ("checkpoints_in_progress", 2.0), ("restarts_in_window", 1.0),
-                                      ("jm_heap_ratio", 0.9), ("checkpoint_failures_counted", 1.0)),
-                         "decisive": (("checkpoint_failed_fraction", 1e-9),)},
-}
+# Each family's rule carries the guards its module declares (``Family.post_rule``, written from
+# what operators know), is calibrated over its persistence grid, and among rules equally good on
+# faults and false incidents the soonest wins by its delay statistic (pipelines/families/).
+POST_RULE_GUARDS = {family.name: family.guards for family in BY_NAME.values()}
+
 
 Progress = Callable[[str], None]
 
@@ -133,7 +99,7 @@ class Candidate:
 def positives(frame: pd.DataFrame, family: str) -> np.ndarray:
     """What a family's detector should flag: its own fault; for anomalies, any fault."""
     labels = frame["label"]
-    return (labels != "healthy").to_numpy() if family == ANOMALY else (labels == family).to_numpy()
+    return BY_NAME[family].positives(labels)
 
 
 def fit_rows(frame: pd.DataFrame, family: str, settings: PolicySettings) -> pd.DataFrame:
@@ -151,23 +117,23 @@ def fit_rows(frame: pd.DataFrame, family: str, settings: PolicySettings) -> pd.D
     """
     if frame.empty:
         return frame
-    if family == CHECKPOINT_FAILURE:
-        return frame[~symptom_of_another_fault(frame)]
-    if family != STATE_LEAK:
+    if not BY_NAME[family].learns_from_symptom_rows:
+        return frame[~symptom_of_another_fault(frame, family)]
+    if not BY_NAME[family].warmup_guarded:
         return frame
     horizon = frame["job_name"].map(lambda name: settings.for_job(name).warmup_horizon_s).to_numpy(dtype="float64")
-    decided_by_score = PostRule(**POST_RULE_GUARDS[STATE_LEAK]).past_warmup(frame, horizon)
+    decided_by_score = PostRule(**POST_RULE_GUARDS[family]).past_warmup(frame, horizon)
     interval = frame["checkpoint_interval_ms"].astype("float64").fillna(0.0)
     since_onset = frame["ts"].astype("float64") - frame["onset_ts"].astype("float64")
     in_grace = ((frame["label"] == family) & (since_onset < SHORT_WINDOW_CHECKPOINTS * interval).fillna(False)).to_numpy()
     return frame[decided_by_score & ~in_grace]
 
 
-def symptom_of_another_fault(frame: pd.DataFrame) -> np.ndarray:
+def symptom_of_another_fault(frame: pd.DataFrame, family: str = CHECKPOINT_FAILURE) -> np.ndarray:
     """Rows of a fault that causes checkpoint failures (a leak, backpressure, skew) showing them."""
     failing = (frame["checkpoint_failed_fraction"].astype("float64").fillna(0.0) > 0) | (
         frame["checkpoint_failures_counted"].astype("float64").fillna(0.0) > 0)
-    other = frame["label"].isin(EXPLAINED_BY[CHECKPOINT_FAILURE])
+    other = frame["label"].isin(EXPLAINED_BY[family])
     return (failing & other).to_numpy()
 
 
@@ -220,7 +186,8 @@ def source_weights(rows: pd.DataFrame) -> np.ndarray | None:
 
 def _fit(family: str, params: dict, seed: int, train: pd.DataFrame):
     detector = make_detector(DetectorConfig(family, seed=seed, **params))
-    target = (train["label"] == "healthy").to_numpy() if family == ANOMALY else positives(train, family)
+    # The novelty detector learns the healthy rows; a supervised one its family's against the rest.
+    target = positives(train, family) if BY_NAME[family].supervised else (train["label"] == "healthy").to_numpy()
     return detector.fit(train, target, sample_weight=source_weights(train))
 
 
@@ -243,7 +210,7 @@ def train_family(family: str, splits: dict[str, Runs], settings: PolicySettings,
             train = pd.concat([train, verdict_rows.drop(columns=unknown)], ignore_index=True)
     train = fit_rows(train, family, settings)
     validation_rows = rows_for(splits["validation"].rows, level)
-    judged = fit_rows(validation_rows, family, settings) if family == CHECKPOINT_FAILURE else validation_rows
+    judged = validation_rows if BY_NAME[family].learns_from_symptom_rows else fit_rows(validation_rows, family, settings)
     best = None
     for values in product(*grid.values()):
         params = dict(zip(grid.keys(), values))
@@ -281,35 +248,36 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
     horizon = judged_rows["job_name"].map(lambda n: truth_settings.for_job(n).warmup_horizon_s).to_numpy(dtype="float64")
     family_scores = scores[scores["family"] == family].set_index("row")["score"].reindex(judged_rows.index)
     thresholds = CALIBRATION_THRESHOLDS
-    if family == ANOMALY:
+    if not BY_NAME[family].supervised:
         # Novelty scores crowd a narrow band: try the top quantiles of the healthy rows' scores too.
         healthy = family_scores[(judged_rows["label"] == "healthy").to_numpy()].dropna()
         if len(healthy):
             thresholds = tuple(sorted(set(thresholds) | {round(float(q), 4) for q in
                                                          np.quantile(healthy, ANOMALY_QUANTILES)}))
     judged = []  # (key, rule, quality, comparison)
-    for threshold, (k, n) in product(thresholds, FAMILY_PERSISTENCE.get(family, CALIBRATION_PERSISTENCE)):
+    for threshold, (k, n) in product(thresholds, BY_NAME[family].calibration_persistence):
         rule = PostRule(threshold, k, n, **guards)
         comparison = judge(validation, {family: _with_rule(base, rule)}, settings, scores)
         m = comparison.metrics(family)
         false = m["false_incidents"] - excused_false(comparison, family)
-        if family == ANOMALY:
+        if not BY_NAME[family].supervised:
             decided = rule.decisions(judged_rows.assign(score=family_scores.to_numpy()), horizon_s=horizon)
-            recall = row_metrics(judged_rows.assign(label=np.where(positives(judged_rows, ANOMALY), ANOMALY, "healthy")),
-                                 decided.to_numpy(), ANOMALY)["recall"]
+            recall = row_metrics(judged_rows.assign(label=np.where(positives(judged_rows, family), family, "healthy")),
+                                 decided.to_numpy(), family)["recall"]
             key = (-false, recall)
             quality = {"false_incidents": false, "faulty_row_recall": round(recall, 3)}
         else:
             delays = [f["delay_s"] for r in comparison.runs for f in r.found if f["family"] == family]
-            delay = float(DELAY_STATISTIC.get(family, np.median)(delays)) if delays else math.nan
+            delay = float(getattr(np, BY_NAME[family].delay_statistic)(delays)) if delays else math.nan
             key = (m["faults_found"] - false, -false, -(delay if not math.isnan(delay) else 1e9))
             quality = {"faults_found": m["faults_found"], "faults": m["faults"], "false_incidents": false,
                        "delay_s_mean": round(float(np.mean(delays)), 1) if delays else math.nan,
                        "delay_s_median": m["delay_s_median"]}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
         judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
-    if family == ANOMALY and others:
-        return _anomaly_beside(judged, base, validation, settings, {f: m for f, m in others.items() if f != ANOMALY})
+    if not BY_NAME[family].supervised and others:
+        return _anomaly_beside(judged, base, validation, settings, {f: m for f, m in others.items() if f != family},
+                               family)
     best = max(judged, key=lambda j: j[0])
     return best[1], best[2]
 
@@ -319,7 +287,7 @@ def _with_rule(model: LoadedDetector, rule: PostRule) -> LoadedDetector:
 
 
 def _anomaly_beside(judged: list, base: LoadedDetector, validation: Runs, settings: PolicySettings,
-                    others: Mapping[str, LoadedDetector]) -> tuple[PostRule, dict]:
+                    others: Mapping[str, LoadedDetector], family: str = ANOMALY) -> tuple[PostRule, dict]:
     """The anomaly rule judged beside the supervised models, as the job and the gate judge it.
 
     Judged alone, an anomaly on a run with a fault is excused as if the policy always folded it
@@ -331,17 +299,17 @@ def _anomaly_beside(judged: list, base: LoadedDetector, validation: Runs, settin
     them, so candidates are tried best bound first and the search stops when no bound beats the
     best found (a handful of replays, not one per candidate).
     """
-    causes = set(EXPLAINED_BY[ANOMALY])
+    causes = set(EXPLAINED_BY[family])
     best = None
     for (key, threshold, persistence), rule, quality, comparison in sorted(judged, key=lambda j: j[0], reverse=True):
         if best is not None and best[0] >= (key, threshold, persistence):
             break
         excused = {run.job_id for run in comparison.runs if causes & set(run.expected)
-                   and any(i["family"] == ANOMALY for i in run.false)}
+                   and any(i["family"] == family for i in run.false)}
         false = quality["false_incidents"]
         if excused:
-            beside = judge(validation.of_jobs(excused), {**others, ANOMALY: _with_rule(base, rule)}, settings)
-            false += beside.metrics(ANOMALY)["false_incidents"]
+            beside = judge(validation.of_jobs(excused), {**others, family: _with_rule(base, rule)}, settings)
+            false += beside.metrics(family)["false_incidents"]
         candidate = ((-false, key[1]), threshold, persistence)
         if best is None or candidate > best[0]:
             best = (candidate, rule, {**quality, "false_incidents": false})
@@ -451,7 +419,7 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     families = [f for f in FAMILIES if f in families]
     features = sorted({f for fam in families for f in DetectorConfig(fam).features})
     # The anomaly rule alone is still calibrated on faults (of every family): it needs them too.
-    labelled = [f for f in families if f != ANOMALY] or list(SUPERVISED)
+    labelled = [f for f in families if BY_NAME[f].supervised] or list(SUPERVISED)
     report = validate_training_set(splits["train"].rows, features, labelled, known_labels=SUPERVISED)
     progress(report.text())
     if not report.success:
@@ -468,10 +436,10 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     candidates: dict[str, Candidate] = {}
     for family in families:  # causes first, the anomaly rule last
         progress(f"training {family} ({len(rows_for(splits['train'].rows, FAMILY_LEVEL[family]))} rows)")
-        family_grid = ANOMALY_GRID if family == ANOMALY and grid is DEFAULT_GRID else grid
+        family_grid = ANOMALY_GRID if not BY_NAME[family].supervised and grid is DEFAULT_GRID else grid
         # The anomaly rule is calibrated beside the models it will run with: this training's
         # candidates, else the champions.
-        others = {**held, **{f: c.loaded() for f, c in candidates.items()}} if family == ANOMALY else None
+        others = {**held, **{f: c.loaded() for f, c in candidates.items()}} if not BY_NAME[family].supervised else None
         candidates[family] = train_family(family, splits, settings, seed, family_grid, progress, feedback, others)
     challengers = {family: c.loaded() for family, c in candidates.items()}
     # Every family's new model together, the others' champions where they were not retrained.
@@ -485,7 +453,7 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
         challenger = challengers[family]
         metrics = family_metrics(test, splits["test"].rows, challenger, family, settings, splits["test"].truths)
         challenger_gate = judge(gate_runs, {**held, family: challenger}, settings).metrics(family)
-        baseline = baseline_gate.metrics(family) if family != ANOMALY else None
+        baseline = baseline_gate.metrics(family) if BY_NAME[family].has_static_alarm else None
         champion = champion_gate.metrics(family) if family in held else None
         promote, reasons = gate(family, challenger_gate, champion, baseline, gate_name)
         fleet = {}

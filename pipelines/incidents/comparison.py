@@ -21,7 +21,7 @@ from statistics import median
 from typing import Iterable, Sequence
 
 from pipelines.display import fit, printable
-from pipelines.families import ANOMALY, EXPLAINED_BY, LOCALISED
+from pipelines.families import BY_NAME, EXPLAINED_BY, LOCALISED
 
 EARLY_GRACE_MS = 60_000
 
@@ -64,7 +64,8 @@ class Comparison:
 
     @property
     def anomalies(self) -> list[dict]:
-        return [i for i in self.false if i["family"] == ANOMALY]
+        """False incidents of the unsupervised family: what no failure family explained."""
+        return [i for i in self.false if not BY_NAME[i["family"]].supervised]
 
     def metrics(self, family: str | None = None) -> dict[str, float]:
         """Recall of faults, false incidents and families, delays; for one family or all."""

@@ -53,15 +53,14 @@ import numpy as np
 import pandas as pd
 
 from models.post_rule import DEFAULT_WARMUP_HORIZON_S, GROWTH_COLUMNS, PostRule
-from pipelines.families import (ALERTNAMES, ANOMALY, CHECKPOINT_FAILURE, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED,
-                                ONE_PER_JOB, SAME_VERTEX, STATE_LEAK)
+from pipelines.families import (ALERTNAMES, BY_NAME, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED, ONE_PER_JOB,
+                                SAME_VERTEX)
+from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 
 SCHEMA_VERSION = 1
 TERMINAL_STATES = ("FINISHED", "CANCELED", "FAILED")
 RECENT_VALUES = 6  # raw values kept per entity for the evidence
-RECENT_COLUMNS = {"state_leak": "vertex_state_size_bytes", "checkpoint_failure": "checkpoint_failed_fraction",
-                  "backpressure": "busy_max", "skew": "records_in_max_over_mean"}
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
@@ -270,7 +269,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         record = {**full_record(columns["_row"][i]), "row": columns["_row"][i], "family": family,
                   "score": columns["score"][i], "model_name": columns["model_name"][i],
                   "model_version": columns["model_version"][i], "model_alias": columns["model_alias"][i]}
-        forecast = ev.leak_forecast(record, job_settings.state_limit_bytes) if family == STATE_LEAK else None
+        forecast = ev.forecast(family, record, job_settings.state_limit_bytes)
         if suspected and not holds and entity["open"] is None:
             if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
                 entity["held"] = _suspicion(entity, record, forecast, job_settings)
@@ -279,7 +278,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
             cause = _open_cause(job, family, record.get("vertex_id"))
             if cause is not None:
                 holds = False
-                if family != ANOMALY:
+                if BY_NAME[family].supervised:  # an anomaly an open cause explains is no symptom of it
                     events.extend(_add_symptom(cause, family, record, ts, settings))
         changes = _transition(entity, holds, record, forecast, settings)
         events.extend(changes)
@@ -365,9 +364,11 @@ def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[
         horizon = np.array([job_settings[name].warmup_horizon_s for name in named], dtype="float64")[name_code]
         columns = {name: (part[name].to_numpy(dtype="float64") if name in part else np.full(len(part), np.nan))
                    for name in rule.guard_columns()}
-        if family == STATE_LEAK and "limit_eta_s" in columns:
+        if "limit_eta_s" in columns:
             limits = np.array([job_settings[name].state_limit_bytes for name in named], dtype="float64")[name_code]
-            columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], ev.configured_limit_eta_s(part, limits))
+            configured = BY_NAME[family].limit_eta_s(part, limits)
+            if configured is not None:
+                columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], configured)
         decided[part.index], held[part.index] = rule.decide_and_hold_rows(
             entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
             np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"))
@@ -414,7 +415,7 @@ def _supersede(job: dict, cause: str, cause_entity: dict, record: dict, settings
                            f"{cause.replace('_', ' ')} incident {cause_id}"
         event["evidence"]["explained_by"] = cause_id
         events.append(event)
-        if family != ANOMALY:
+        if BY_NAME[family].supervised:
             symptom_row = {**record, **(last.get("evidence") or {}).get("features", {}), "family": family}
             events.extend(_add_symptom(cause_entity, family, symptom_row, opened_at, settings,
                                        severity=last.get("severity")))
@@ -458,9 +459,7 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
 
 
 def _recent_failure(family: str, record: dict) -> dict:
-    if family == CHECKPOINT_FAILURE and record.get("last_failure_message"):
-        return {"last_failure_message": record["last_failure_message"]}
-    return {}
+    return BY_NAME[family].recent_evidence(record)
 
 
 def _public_symptoms(open_: dict) -> list[dict]:
@@ -574,8 +573,7 @@ def _suspicion(entity: dict, record: dict, forecast: dict | None, job_settings: 
     """What a decision a guard holds back becomes if the job ends or goes away before the guard
     lifts: the opening of an ``info`` incident, kept until then (see :func:`_unconfirmed`)."""
     family, ts = record["family"], int(record["ts"])
-    guard = (f"its {job_settings.warmup_horizon_s:.0f} s warm-up horizon" if family == STATE_LEAK
-             else "its start-up time")
+    guard = BY_NAME[family].guard_text(job_settings.warmup_horizon_s)
     entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
                       "opened_at": ts, "severity": "info", "eta_ms": None, "eta_at": ts, "clear_since": None}
     event = _event("opened", entity, record, forecast, "info")

@@ -11,7 +11,7 @@ from pipelines.config import ConfigError, load_config
 from pipelines.families import (ALERTNAMES, ANOMALY, BACKPRESSURE, BY_NAME, CHECKPOINT_FAILURE, EVALUATION_ORDER,
                                 EXPLAINED_BY, FAMILIES, REGISTRY, SKEW, STATE_LEAK)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_names_alertnames_and_model_names_are_unique():

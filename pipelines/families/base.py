@@ -1,0 +1,181 @@
+"""What every failure family declares: the :class:`Family` spec its module fills in.
+
+A family is one module of this package (``state_leak.py``, ``backpressure.py``, ...) holding an
+instance of :class:`Family` (or of a subclass that overrides its behaviour): its names, the
+features its detector reads and their monotone signs, its post-rule's guards, its static alarm,
+how its incidents word their severity, summary and runbook, and its decisive plot. The rest of
+the product asks the spec (``BY_NAME[family].severity(...)``) instead of branching on a family's
+name; ``tests/test_family_branching.py`` keeps it that way.
+
+This layer is the foundation (tests/test_import_layers.py): numpy and pandas, no product imports
+but each other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+MIB = 1024 * 1024
+# The persistence grid a post-rule is calibrated over when its family names none of its own.
+CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
+
+
+@dataclass(frozen=True)
+class Plot:
+    """A feature column plotted over time, and its axis label."""
+
+    column: str
+    label: str
+
+
+def num(row: Mapping[str, Any], name: str) -> float | None:
+    """``row[name]`` as a float; None where it is missing, null or NaN."""
+    value = row.get(name)
+    if value is None:
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def mb(n: float | None) -> str:
+    return "?" if n is None else f"{n / MIB:.1f} MB"
+
+
+def human_duration(seconds: float) -> str:
+    """``42s``, ``9 min``, ``2.5 h``: how an incident says how long."""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def column(frame: pd.DataFrame, name: str) -> np.ndarray:
+    """A frame's column as floats, NaN where the frame lacks it."""
+    return frame[name].to_numpy(dtype="float64") if name in frame else np.full(len(frame), np.nan)
+
+
+def vertex_else_job(vertex_values, job_values) -> np.ndarray:
+    """The vertex's value where known, else the job's."""
+    values = np.asarray(vertex_values, dtype="float64")
+    return np.where(np.isnan(values), np.asarray(job_values, dtype="float64"), values)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the product declares about one failure family.
+
+    ``name`` is the incident's ``family``; ``localised``: its detector judges vertex rows and its
+    incidents name the vertex (else the job's rows); ``supervised``: a trained classifier of its
+    own (else the novelty detector, explained by every supervised family open on the job);
+    ``explained_by``: the families that, open on the same job, explain it (the cause first),
+    ``same_vertex_causes`` those of them that must sit on its own vertex; ``one_per_job``: a job
+    has one open incident of it, other vertices join as symptoms; ``decisive_plot``: what
+    `sentinel evaluate` and the incident page plot for it; ``colour``: its incidents' marks there;
+    ``runbook``: the steps every incident of it carries.
+
+    The detector: ``features`` (the columns it reads, in order) and ``monotone`` (feature, sign)
+    pairs: how its score may move as a feature grows, all else equal. The post-rule:
+    ``post_rule`` (the guard and evidence fields every calibrated rule of it carries),
+    ``calibration_persistence`` (the (k, n) grid), ``delay_statistic`` (``median`` or ``mean``:
+    among equally good rules the soonest by this statistic of its delays), and
+    ``learns_from_symptom_rows`` (False: rows of its causes' faults that show it are not its
+    lesson). ``recent_column``: the raw value its incidents keep the last few of as evidence.
+    """
+
+    name: str
+    label: str
+    alertname: str
+    model_name: str
+    localised: bool
+    supervised: bool
+    runbook: tuple[str, ...]
+    colour: str
+    decisive_plot: Plot | None = None
+    explained_by: tuple[str, ...] = ()
+    same_vertex_causes: tuple[str, ...] = ()
+    one_per_job: bool = False
+    features: tuple[str, ...] = ()
+    monotone: tuple[tuple[str, int], ...] = ()
+    post_rule: tuple[tuple[str, Any], ...] = ()
+    calibration_persistence: tuple[tuple[int, int], ...] = CALIBRATION_PERSISTENCE
+    delay_statistic: str = "median"
+    learns_from_symptom_rows: bool = True
+    recent_column: str | None = None
+    has_static_alarm: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def level(self) -> str:
+        """The feature rows its detector judges: ``vertex`` or ``job``."""
+        return "vertex" if self.localised else "job"
+
+    @property
+    def guards(self) -> dict[str, Any]:
+        """The post-rule fields (``PostRule(**family.guards)``)."""
+        return dict(self.post_rule)
+
+    @property
+    def warmup_guarded(self) -> bool:
+        """Whether its post-rule holds decisions back for a job's warm-up horizon."""
+        return bool(self.guards.get("warmup_guard"))
+
+    # --- the detector's rows and labels ---------------------------------------------------------
+
+    def positives(self, labels: pd.Series) -> np.ndarray:
+        """The rows its detector should flag: its own fault's."""
+        return (labels == self.name).to_numpy()
+
+    # --- incidents ------------------------------------------------------------------------------
+
+    def severity(self, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:
+        return "warning"
+
+    def summary(self, where: str, row: Mapping[str, Any], forecast: dict | None, severity: str) -> str:
+        raise NotImplementedError
+
+    def runbook_for(self, row: Mapping[str, Any]) -> list[str]:
+        """The runbook steps for an incident at ``row`` (the declared ones, and any the row calls for)."""
+        return list(self.runbook)
+
+    def subtask(self, row: Mapping[str, Any]) -> int | None:
+        """The subtask an incident names (none unless the family lives in one)."""
+        return None
+
+    def forecast(self, row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
+        """The incident's forecast at ``row``, if the family makes one."""
+        return None
+
+    def limit_eta_s(self, rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray | None:
+        """Per row, seconds to the operator's configured limit (NaN: none), for the guards; None:
+        the family has no such limit."""
+        return None
+
+    def recent_evidence(self, record: Mapping[str, Any]) -> dict:
+        """Raw values from the row its incidents carry beside the features."""
+        return {}
+
+    def guard_text(self, warmup_horizon_s: float) -> str:
+        """What holds a suspected incident back, in words."""
+        return "its start-up time"
+
+    # --- the static alarm operators use today ---------------------------------------------------
+
+    def static_alarm(self, frame: pd.DataFrame, thresholds: Any) -> np.ndarray:
+        """Where the static alarm fires at each row of ``frame`` (``thresholds``: a
+        ``models.baseline.BaselineThresholds``); a missing value never fires."""
+        raise ValueError(f"no static baseline for {self.name!r}")
+
+
+def fired(condition: pd.Series) -> np.ndarray:
+    """A static alarm's condition as booleans, a missing value never firing."""
+    return condition.fillna(False).to_numpy(dtype=bool)
+
+
+def col(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name].astype("float64")

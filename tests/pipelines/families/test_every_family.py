@@ -1,0 +1,87 @@
+"""Every family through the same checks, the way river's ``check_estimator`` runs every model:
+a new family module passes these before anything else reads it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from feature_store.definitions import FEATURES, JOB_FEATURES
+from models.baseline import BaselineThresholds, StaticAlarm, baseline_decisions
+from models.detectors import DetectorConfig, FamilyDetector, NoveltyDetector, make_detector
+from models.post_rule import PostRule
+from pipelines.families import REGISTRY, Family
+
+NAMES = {f.name for f in FEATURES}
+SEVERITIES = ("info", "warning", "critical")
+
+
+def _row(value: float | None) -> dict:
+    """A feature row with every feature at ``value`` (None: nothing known)."""
+    return {"ts": 1_000, "cluster": "c", "job_id": "j", "job_name": "orders", "vertex_id": "v",
+            "vertex_name": "window", **{name: value for name in NAMES}}
+
+
+@pytest.fixture(params=REGISTRY, ids=lambda f: f.name)
+def family(request) -> Family:
+    return request.param
+
+
+def test_its_detector_reads_declared_features_of_its_level(family):
+    assert family.features and len(set(family.features)) == len(family.features)
+    assert set(family.features) <= NAMES
+    if family.level == "job":
+        assert set(family.features) <= set(JOB_FEATURES)  # a job row carries no vertex features
+    config = DetectorConfig(family.name)
+    assert config.features == family.features and config.level == family.level
+    assert isinstance(make_detector(config), FamilyDetector if family.supervised else NoveltyDetector)
+
+
+def test_its_monotone_signs_name_declared_features_with_a_sign(family):
+    assert all(name in NAMES and sign in (-1, 1) for name, sign in family.monotone)
+    assert set(DetectorConfig(family.name).monotone) <= set(family.features)
+
+
+def test_its_post_rule_builds_and_reads_declared_features(family):
+    rule = PostRule(**family.guards)
+    assert set(rule.guard_columns()) <= NAMES
+    assert family.delay_statistic in ("mean", "median") and callable(getattr(np, family.delay_statistic))
+    assert all(1 <= k <= n for k, n in family.calibration_persistence)
+
+
+@pytest.mark.parametrize("value", [None, 0.0, 1.0, 1e12])
+def test_its_incidents_have_a_severity_summary_and_runbook_on_any_row(family, value):
+    row = _row(value)
+    forecast = family.forecast(row, 10 * 1024 * 1024)
+    assert forecast is None or (forecast["eta_ms"] >= 0 and forecast["limit_source"] in ("job", "config"))
+    severity = family.severity(row, forecast, 3600.0)
+    assert severity in SEVERITIES
+    summary = family.summary("orders / window", row, forecast, severity)
+    assert summary.startswith(f"[{severity}] ") and "orders / window" in summary
+    steps = family.runbook_for(row)
+    assert steps and all(isinstance(s, str) and s for s in steps)
+    subtask = family.subtask(row)
+    assert subtask is None or isinstance(subtask, int)
+    assert isinstance(family.recent_evidence(row), dict)
+
+
+def test_its_static_alarm_never_fires_on_unknown_values(family):
+    frame = pd.DataFrame([_row(None)] * 3).astype({name: "float64" for name in NAMES})
+    if not family.has_static_alarm:
+        assert family.name not in StaticAlarm.FAMILIES
+        with pytest.raises(ValueError):
+            baseline_decisions(frame, family.name)
+        return
+    assert family.name in StaticAlarm.FAMILIES
+    fired = baseline_decisions(frame, family.name, BaselineThresholds())
+    assert fired.dtype == bool and fired.shape == (3,) and not fired.any()
+
+
+def test_what_it_plots_and_keeps_is_a_declared_feature(family):
+    assert family.decisive_plot is None or family.decisive_plot.column in NAMES
+    assert family.recent_column is None or family.recent_column in NAMES
+    limits = family.limit_eta_s(pd.DataFrame([_row(1.0)]), np.array([math.inf]))
+    assert limits is None or limits.shape == (1,)
