@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Sequence
 from feature_store.job_features import STOPPING_FAILURES
 from pipelines import datasets
 from pipelines.datasets import read_jsonl, write_jsonl
+from pipelines.errors import SetupError
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE
 from pipelines.lab.scenarios import DATASTREAM, LONG_RUN_S, NAMED, LabVariant
 
@@ -41,10 +42,12 @@ LAB_CLUSTER = "lab"
 SPLITS = ("train", "validation", "test")
 # Submission (the PyFlink client compiling the plan) takes about ten seconds: onsets count from after it.
 STARTUP_MARGIN_MS = 15_000
+# A PyFlink client compiling its plan on a loaded machine (2 cores shared) took over two minutes.
+SUBMIT_TIMEOUT_S = 300.0
 DATASET_FORMAT = "checkpoint-sentinel dataset v1"
 
 
-class LabError(RuntimeError):
+class LabError(SetupError, RuntimeError):
     """A lab run that cannot be done as asked; the message says what to change."""
 
 
@@ -117,6 +120,12 @@ def unsound(variant: LabVariant, events: Sequence[dict], cancelled_at: int | Non
                     and (cancelled_at is None or e["ts"] < cancelled_at)), default=0)
     if restarts and not variant.job_args.get("fail-after-s") and "fail-onset-ms" not in variant.onset_args:
         return f"{restarts} restarts the scenario does not cause"
+    if variant.expect_failures is not None:
+        failed = len(failed_checkpoints(events, cancelled_at))
+        if variant.expect_failures and not failed:
+            return "no checkpoint failed: the build-up did not reach its failure"
+        if not variant.expect_failures and failed:
+            return f"{failed} checkpoints failed in a run that must stay under its timeout"
     return None
 
 
@@ -190,6 +199,8 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
                        "vertex_name": vertex_name if vertex_id else None,
                        "subtask_index": _hot_subtask(events, vertex_id, onset_ms) if fault.hot_subtask else None,
                        "description": variant.description})
+        if fault.end_s is not None:  # the fault ends (a leak that is fixed): when it stops
+            faults[-1]["end_ts"] = at_ms(submitted_at, fault.end_s)
     if failures and not any(f["family"] == CHECKPOINT_FAILURE for f in faults):
         # Checkpoints failed where the variant did not plan it: that is a checkpoint failure too.
         log.warning("%s: %d checkpoints failed although the scenario plans none; labelled as checkpoint_failure",
@@ -204,6 +215,11 @@ def ground_truth(variant: LabVariant, job_id: str, job_name: str, events: Sequen
     if variant.warmup_horizon_s is not None:
         truth["warmup_horizon_s"] = variant.warmup_horizon_s
     return truth
+
+
+def at_ms(submitted_at: int, seconds: float) -> int:
+    """The epoch time ``seconds`` after a job submitted at ``submitted_at`` starts (as onsets count)."""
+    return submitted_at + STARTUP_MARGIN_MS + int(seconds * 1000)
 
 
 def _vertex_name(fault, names: dict[str, str]) -> str | None:
@@ -350,7 +366,8 @@ class LabSession:
                     variant = pending.pop(0)
                     submitted_at = int(time.time() * 1000)
                     argv = self._argv(variant, submitted_at)
-                    submitting = (variant, submitted_at, pool.submit(cluster.submit_python, JOB_DIR / variant.script, argv))
+                    submitting = (variant, submitted_at, pool.submit(cluster.submit_python, JOB_DIR / variant.script, argv,
+                                                          SUBMIT_TIMEOUT_S))
                 result = collector.poll()
                 if not result.reachable:
                     raise LabError(f"the lab cluster stopped answering: {result.errors[0]}")
@@ -401,7 +418,8 @@ class LabSession:
 
     def _argv(self, variant: LabVariant, submitted_at: int) -> list[str]:
         onset_ms = submitted_at + STARTUP_MARGIN_MS + int(variant.onset_s * 1000)
-        args = {**variant.job_args, **{name: onset_ms for name in variant.onset_args}}
+        args = {**variant.job_args, **{name: onset_ms for name in variant.onset_args},
+                **{name: at_ms(submitted_at, seconds) for name, seconds in variant.at_args}}
         argv = ["--job-name", f"lab-{variant.run_id}"]
         for key, value in args.items():
             argv += [f"--{key}", str(value)]

@@ -22,10 +22,13 @@ from __future__ import annotations
 import random
 from fnmatch import fnmatch
 
-from pipelines.lab.scenarios import (DATASTREAM, ORIGINAL_VERSION, LabVariant, backpressure, checkpoint_timeout, healthy_bursty, healthy_subsecond,
-                                     healthy_timer, healthy_ttl, healthy_window, leak_after_plateau, leak_one_of_two,
-                                     leak_slow_on_ttl, leak_start, restart_loop, skew, sql_dedup_ttl, sql_join_leak,
-                                     sql_skew, sql_slow_udf, sql_window, storage_outage)
+from pipelines.lab.scenarios import (DATASTREAM, ORIGINAL_VERSION, LabVariant, backpressure, backpressure_deepening,
+                                     bounded_keys, checkpoint_timeout, healthy_bursty, healthy_large_state,
+                                     healthy_subsecond, healthy_timer, healthy_ttl, healthy_window, leak_after_plateau,
+                                     leak_fixed, leak_late, leak_one_of_two, leak_slow_on_ttl, leak_start,
+                                     leak_to_limit, leak_to_timeout, restart_loop, skew, sql_bounded_keys,
+                                     sql_cep_bounded, sql_cep_leak, sql_dedup_ttl, sql_join_leak, sql_join_ttl,
+                                     sql_skew, sql_slow_udf, sql_window, storage_outage, ttl_horizon)
 
 SPLIT_SEED = 0  # the first seed whose test and validation splits cover every sub-variant (severity, with or without backpressure, leak kinds)
 FRACTIONS = (0.6, 0.2, 0.2)
@@ -140,6 +143,78 @@ def _long_variants() -> list[LabVariant]:
     return [v.with_(run_id=f"{v.run_id}-d{LONG_MIN}m") for v in long_runs]
 
 
+HOUR_MIN = 62  # the hour runs' length: an hour and the two minutes a detector needs after it
+
+
+def _hour_variants() -> list[LabVariant]:
+    """An hour on Flink 2.3.0: a healthy job whose state breathes around its plateau (bursty input
+    into a 2-minute TTL) and a slow leak under TTL-bounded state for the whole hour (issue 57)."""
+    d = HOUR_MIN * 60
+    runs = [
+        # 60 records/s, 4x for 90 s of every 5 minutes, into a 2-minute TTL: the state rises with
+        # every burst to about three times its plateau and falls back, for an hour.
+        healthy_bursty(4, 300, 90, 1, 60, ttl_s=120, duration_s=d).with_(
+            run_id="healthy_bursty-x4-per300-on90-ttl120-p1-r60"),
+        # 100 records/s into a 2-minute TTL, 7 % of them also kept forever (about 1.3 KB/s of
+        # checkpointed state) from the start, for an hour.
+        leak_slow_on_ttl(120, 0.07, 0, "hashmap", 1, 100, duration_s=d).with_(scenario="leak_slow_hour"),
+    ]
+    return [v.with_(run_id=f"{v.run_id}-d{HOUR_MIN}m") for v in runs]
+
+
+def _growth_variants() -> list[LabVariant]:
+    """Issue 57, growth that levels off against leaks: bounded key spaces that fill for 2 to 15
+    minutes, TTL warm-ups whose plateau comes just before, at or just after the declared horizon,
+    leaks that begin 10, 20 and 40 minutes in, leaks that are fixed, and SQL state (a bounded
+    GROUP BY, MATCH_RECOGNIZE leaking and bounded, a join whose rows expire)."""
+    return [
+        # The 40-minute onset first: the longest run (48 min) starts first.
+        leak_late(60, 2400, "hashmap", 1, 100),
+        leak_late(60, 600, "hashmap", 1, 120),
+        leak_late(45, 1200, "rocksdb", 1, 100),
+        # Time constants K / rate of 40, 120 and 300 s: the fill lasts 2, 6 and 15 minutes (95 %).
+        bounded_keys(6000, 150, 60),
+        bounded_keys(18000, 150, 80, "rocksdb"),
+        bounded_keys(45000, 150, 60),
+        # The plateau (about TTL + 30 s on heap state) just before, at and just after the horizon.
+        ttl_horizon(240, 60, rate=100, extra_s=360),
+        ttl_horizon(360, 30, rate=120, extra_s=360),
+        ttl_horizon(480, 0, rate=80, extra_s=360),
+        leak_fixed(300, "hashmap", 1, 150),
+        leak_fixed(240, "rocksdb", 1, 120),
+        leak_fixed(180, "hashmap", 2, 100),
+        sql_bounded_keys(10000, 1, 200, plateau_s=360),
+        sql_bounded_keys(15000, 1, 150, "rocksdb", plateau_s=360),
+        sql_bounded_keys(30000, 2, 200, plateau_s=360),
+        sql_cep_leak(1, 150, duration_s=300), sql_cep_leak(2, 120, "rocksdb", duration_s=300),
+        sql_cep_leak(1, 100, duration_s=300),
+        sql_cep_bounded(5000, 30, 1, 150, duration_s=300), sql_cep_bounded(2000, 60, 2, 120, "rocksdb", duration_s=300),
+        sql_cep_bounded(10000, 20, 1, 200, duration_s=300),
+        sql_join_ttl(60, 1, 100, duration_s=300), sql_join_ttl(90, 2, 120, "rocksdb", duration_s=300),
+        sql_join_ttl(45, 1, 150, duration_s=300),
+    ]
+
+
+def _buildup_variants() -> list[LabVariant]:
+    """Issue 58, build-up until checkpoints fail, and healthy twins that stay under their timeout.
+    Measured on the lab machine (2 cores, shared): heap snapshots of 4 KB records cost about
+    6-8 ms/MB and the barrier needs 1-2 s to cross the job, so a 3-5 s timeout is met at a few
+    hundred MB."""
+    return [
+        leak_to_timeout(300, 4000, 4000, duration_s=600),
+        leak_to_timeout(250, 3000, 3000, duration_s=660),
+        leak_to_timeout(300, 3000, 5000, duration_s=900),
+        # 5 MiB of JobManager checkpoint storage after about 3, 5 and 10 minutes.
+        leak_to_limit(200), leak_to_limit(120), leak_to_limit(70),
+        backpressure_deepening(200, 1.5, 0.2, 60, 480, 20000),
+        backpressure_deepening(150, 2.0, 0.25, 60, 360, 10000),
+        backpressure_deepening(250, 1.3, 0.2, 60, 600, 30000),
+        healthy_large_state(30000, 300, 3000, 6000, duration_s=600),
+        healthy_large_state(40000, 250, 2500, 8000, duration_s=780),
+        healthy_large_state(20000, 200, 4000, 6000, duration_s=600),
+    ]
+
+
 def _sql_variants() -> list[LabVariant]:
     """SQL / Table API jobs, two parameter combinations of each, with the vertex names Flink generates."""
     return [
@@ -218,4 +293,27 @@ def sql(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVar
     return _grid(_on_versions(_sql_variants(), version), only, version)
 
 
-GRIDS = {"corpus": corpus, "long": long_runs, "sql": sql}
+def hour(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """The hour runs (Flink 2.3.0 only)."""
+    return _grid([v.on_version(version) for v in _hour_variants()], only, version)
+
+
+def growth(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """Issue 57's runs: growth that levels off, leaks that begin late or are fixed, SQL state."""
+    return _grid(_on_versions(_growth_variants(), version), only, version)
+
+
+def buildup(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+    """Issue 58's runs: build-up until checkpoints fail, and healthy twins."""
+    return _grid(_on_versions(_buildup_variants(), version), only, version)
+
+
+def longest_first(*grids):
+    """Several grids as one session's list, longest runs first (so the session ends soonest)."""
+    def grid(only: str | None = None, version: str = ORIGINAL_VERSION) -> list[LabVariant]:
+        return sorted((v for g in grids for v in g(only, version)), key=lambda v: -v.duration_s)
+    return grid
+
+
+GRIDS = {"corpus": corpus, "long": long_runs, "sql": sql, "hour": hour, "growth": growth, "buildup": buildup,
+         "growth+buildup": longest_first(growth, buildup)}

@@ -33,6 +33,9 @@ class LabFault:
     at_first_failure: bool = False  # onset = the first failed checkpoint after the fault's onset, if any
     # A vertex whose name Flink generates (SQL): a regular expression its REST name must match, alone.
     vertex_pattern: str | None = None
+    # A fault that ends (a leak that is fixed): seconds after the job starts, counted as onsets are;
+    # the ground truth gives it as ``end_ts`` (epoch ms). None: it lasts to the end of the run.
+    end_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class LabVariant:
     flink_version: str = ORIGINAL_VERSION
     # The warm-up its operator would declare (``detection.job_overrides``); None: the default horizon.
     warmup_horizon_s: float | None = None
+    # Job flags that receive an epoch time this many seconds after the job starts (as onsets do):
+    # ``(("reject-new-keys-onset-ms", 300.0),)``.
+    at_args: tuple[tuple[str, float], ...] = ()
+    # What the run must show to be sound (``pipelines.lab.unsound``): True, checkpoints that fail
+    # after the onset (a build-up that must end in failures); False, none (a healthy twin); None: no check.
+    expect_failures: bool | None = None
 
     @property
     def length(self) -> str:
@@ -99,12 +108,14 @@ def _id(*parts) -> str:
 
 # --- healthy ---------------------------------------------------------------------------------------
 
-def healthy_ttl(ttl_s=30, backend="hashmap", p=1, rate=150, payload=100, interval_ms=3000, duration_s=300):
+def healthy_ttl(ttl_s=30, backend="hashmap", p=1, rate=150, payload=100, interval_ms=3000, duration_s=300,
+                horizon_s=None):
+    """``horizon_s``: the warm-up horizon its operator declares; None: :func:`declared_horizon`."""
     return LabVariant(_id("healthy_ttl", f"ttl{ttl_s}", backend, f"p{p}", f"r{rate}", f"i{interval_ms}"), "healthy_ttl",
                       f"state TTL {ttl_s}s: state grows for {ttl_s}s, then stays flat",
                       _args(ttl_s=ttl_s, parallelism=p, rate=rate, payload_bytes=payload,
                             checkpoint_interval_ms=interval_ms, **_backend(backend)), duration_s=duration_s,
-                      warmup_horizon_s=declared_horizon(ttl_s))
+                      warmup_horizon_s=declared_horizon(ttl_s) if horizon_s is None else float(horizon_s))
 
 
 def declared_horizon(ttl_s: float) -> float | None:
@@ -176,6 +187,115 @@ def leak_one_of_two(operator="b", onset_s=0, p=1, rate=150, backend="hashmap", d
                       _args(ttl_s=30, ttl_b_s=30, second_stateful="true", leak_operator=operator, leak_share=1.0,
                             leak_onset_ms=-1, parallelism=p, rate=rate, **_backend(backend)),
                       (LabFault(STATE_LEAK, vertex),), onset_s, ("leak-onset-ms",), duration_s)
+
+
+# --- growth that levels off, leaks that begin late or are fixed (issue 57) ------------------------------
+
+def bounded_keys(keys=20000, rate=200, payload=60, backend="hashmap", p=1, interval_ms=3000, plateau_s=420,
+                 duration_s=None):
+    """Every record's key drawn uniformly from ``keys`` keys, one small value per key, no TTL: a
+    per-user aggregate over a fixed population. The state fills like K(1 - exp(-rate t / K)) with
+    the time constant K / rate and levels off; the run lasts three time constants (95 %) and
+    ``plateau_s``."""
+    tau = keys / rate
+    duration_s = duration_s or int(round(3 * tau + plateau_s, -1))
+    return LabVariant(_id("bounded_keys", f"k{keys}", backend, f"p{p}", f"r{rate}", f"b{payload}"), "bounded_keys",
+                      f"keys drawn uniformly from {keys:,}, no TTL: state fills with a {tau:.0f}s time constant "
+                      "and levels off", _args(ttl_s=0, key_space=keys, parallelism=p, rate=rate, payload_bytes=payload,
+                                              checkpoint_interval_ms=interval_ms, **_backend(backend)),
+                      duration_s=duration_s)
+
+
+def ttl_horizon(ttl_s=300, offset_s=30, backend="hashmap", p=1, rate=100, extra_s=420):
+    """A TTL warm-up whose declared horizon is the TTL and ``offset_s``: on heap state the plateau
+    comes about 30 s after the TTL, so 60 puts the horizon just after the plateau begins, 30 at it
+    and 0 just before it. The run lasts the TTL and ``extra_s``."""
+    horizon = ttl_s + offset_s
+    variant = healthy_ttl(ttl_s, backend, p, rate, duration_s=ttl_s + extra_s, horizon_s=horizon)
+    return variant.with_(run_id=_id("ttl_horizon", f"ttl{ttl_s}", f"h{horizon}", backend, f"p{p}", f"r{rate}"),
+                         scenario="ttl_horizon",
+                         description=f"state TTL {ttl_s}s (plateau about {ttl_s + 30}s), declared warm-up horizon "
+                                     f"{horizon}s")
+
+
+def leak_late(ttl_s=60, onset_s=600, backend="hashmap", p=1, rate=120, extra_s=480):
+    """TTL-bounded state for ``onset_s``, then every key is kept (a change late in the job's life);
+    the run lasts the onset and ``extra_s``."""
+    variant = leak_after_plateau(ttl_s, onset_s, backend, p, rate, duration_s=onset_s + extra_s)
+    return variant.with_(run_id=_id("leak_late", f"ttl{ttl_s}", f"on{onset_s}", backend, f"p{p}", f"r{rate}"),
+                         scenario="leak_late",
+                         description=f"TTL-bounded state ({ttl_s}s) until a change at {onset_s}s keeps every key")
+
+
+def leak_fixed(fix_s=300, backend="hashmap", p=1, rate=150, payload=100, extra_s=900, duration_s=None):
+    """Every key kept from the start; from ``fix_s`` the operator stores no new keys (the fix), so
+    the state stays flat. The leak's ground truth ends there (``end_ts``)."""
+    return LabVariant(_id("leak_fixed", f"fix{fix_s}", backend, f"p{p}", f"r{rate}", f"b{payload}"), "leak_fixed",
+                      f"every record a new key, never cleared, until a fix at {fix_s}s stops storing new keys",
+                      _args(ttl_s=0, parallelism=p, rate=rate, payload_bytes=payload, **_backend(backend)),
+                      (LabFault(STATE_LEAK, "keyed-state", end_s=float(fix_s)),), duration_s=duration_s or fix_s + extra_s,
+                      at_args=(("reject-new-keys-onset-ms", float(fix_s)),))
+
+
+# --- build-up until checkpoints fail, and its healthy twins (issue 58) ---------------------------------
+
+def leak_to_timeout(rate=300, payload=3000, timeout_ms=3000, interval_ms=10000, p=1, duration_s=720):
+    """Heap state, full snapshots, every record a new key with a large payload, a tight checkpoint
+    timeout: each snapshot takes longer as the state grows, until checkpoints expire. The first
+    checkpoint waits for the pause between checkpoints (the interval), so the tight timeout does
+    not fail the first checkpoints while the Python workers warm up."""
+    return LabVariant(_id("leak_to_timeout", f"r{rate}", f"b{payload}", f"to{timeout_ms}", f"i{interval_ms}", f"p{p}"),
+                      "leak_to_timeout", f"{rate * payload / 1e6:.1f} MB/s of new keys into heap state under a "
+                      f"{timeout_ms / 1000:g}s checkpoint timeout: snapshots grow until checkpoints expire",
+                      _args(ttl_s=0, parallelism=p, rate=rate, payload_bytes=payload, checkpoint_interval_ms=interval_ms,
+                            checkpoint_timeout_ms=timeout_ms, checkpoint_min_pause_ms=interval_ms, **_backend("hashmap")),
+                      (LabFault(STATE_LEAK, "keyed-state"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True)),
+                      duration_s=duration_s, expect_failures=True)
+
+
+def leak_to_limit(rate=120, payload=100, p=1, interval_ms=3000, duration_s=None):
+    """Every record a new key into the JobManager's checkpoint storage: past its 5 MiB limit every
+    checkpoint fails. About 140 bytes of checkpointed state a record: the limit is reached after
+    about 5 MiB / (140 rate) seconds, and the run lasts that and four minutes."""
+    build_up = 5 * 2**20 / (rate * (payload + 40))
+    duration_s = duration_s or int(round(build_up + 240, -1))
+    variant = leak_start("hashmap", "jobmanager", p, rate, payload, interval_ms, duration_s)
+    return variant.with_(run_id=_id("leak_to_limit", f"r{rate}", f"b{payload}", f"p{p}", f"i{interval_ms}"),
+                         scenario="leak_to_limit", expect_failures=True,
+                         description=f"every record a new key into JobManager checkpoint storage: its 5 MiB limit "
+                                     f"after about {build_up / 60:.0f} min, then every checkpoint fails")
+
+
+def backpressure_deepening(rate=200, start=1.5, end=0.2, onset_s=60, ramp_s=480, timeout_ms=20000, p=1,
+                           duration_s=None):
+    """From ``onset_s``, enrich's capacity falls linearly from ``start`` times the input rate to
+    ``end`` times it over ``ramp_s``: backpressure begins where it crosses the input rate and
+    deepens, alignment and start delay grow until checkpoints expire at the timeout."""
+    duration_s = duration_s or onset_s + ramp_s + 120
+    return LabVariant(_id("backpressure_deepening", f"c{start}-{end}", f"ramp{ramp_s}", f"to{timeout_ms}", f"p{p}",
+                          f"r{rate}"), "backpressure_deepening",
+                      f"enrich's capacity falls from {start * rate:.0f} to {end * rate:.0f} records/s (input {rate}) "
+                      f"over {ramp_s}s, under a {timeout_ms / 1000:g}s checkpoint timeout",
+                      _args(ttl_s=30, slow_start_records_per_s=start * rate / p, slow_records_per_s=end * rate / p,
+                            slow_ramp_s=ramp_s, checkpoint_timeout_ms=timeout_ms, parallelism=p, rate=rate),
+                      (LabFault(BACKPRESSURE, "enrich"), LabFault(CHECKPOINT_FAILURE, None, at_first_failure=True)),
+                      onset_s, ("slow-onset-ms",), duration_s, expect_failures=True)
+
+
+def healthy_large_state(keys=30000, rate=300, payload=3000, timeout_ms=6000, interval_ms=10000, p=1,
+                        duration_s=None):
+    """The healthy twin of :func:`leak_to_timeout`: a bounded key space with a large payload that
+    fills within minutes and levels off, its full snapshots taking much of a checkpoint timeout
+    that they stay under."""
+    tau = keys / rate
+    duration_s = duration_s or int(round(3 * tau + 420, -1))
+    return LabVariant(_id("healthy_large_state", f"k{keys}", f"b{payload}", f"to{timeout_ms}", f"p{p}", f"r{rate}"),
+                      "healthy_large_state", f"{keys:,} keys of {payload} bytes (about {keys * payload / 1e6:.0f} MB) "
+                      f"filled with a {tau:.0f}s time constant, under a {timeout_ms / 1000:g}s checkpoint timeout",
+                      _args(ttl_s=0, key_space=keys, parallelism=p, rate=rate, payload_bytes=payload,
+                            checkpoint_interval_ms=interval_ms, checkpoint_timeout_ms=timeout_ms,
+                            checkpoint_min_pause_ms=interval_ms, **_backend("hashmap")),
+                      duration_s=duration_s, expect_failures=False)
 
 
 # --- backpressure ------------------------------------------------------------------------------------
@@ -281,10 +401,44 @@ def sql_slow_udf(p=2, capacity=0.25, rate=200, onset_s=75, duration_s=300):
                 duration_s, slow_records_per_s=round(capacity * rate / p, 2), parallelism=p, rate=rate)
 
 
+def sql_bounded_keys(keys=20000, p=1, rate=200, backend="hashmap", plateau_s=420, duration_s=None):
+    """SQL: a GROUP BY over a bounded key space (keys drawn uniformly), no TTL: fills and levels off."""
+    tau = keys / rate
+    duration_s = duration_s or int(round(3 * tau + plateau_s, -1))
+    return _sql(_id("sql_bounded_keys", f"k{keys}", backend, f"p{p}", f"r{rate}"), "sql_bounded_keys",
+                f"SQL: GROUP BY over {keys:,} keys drawn uniformly, no TTL: state fills with a {tau:.0f}s time "
+                "constant and levels off", "bounded_agg", duration_s=duration_s, keys=keys, payload_bytes=40,
+                parallelism=p, rate=rate, **_backend(backend))
+
+
+def sql_cep_leak(p=1, rate=150, backend="hashmap", duration_s=420):
+    return _sql(_id("sql_cep_leak", backend, f"p{p}", f"r{rate}"), "sql_cep_leak",
+                "SQL: MATCH_RECOGNIZE (A B per key) without WITHIN over keys that never repeat: every partial "
+                "match waits forever", "cep", (LabFault(STATE_LEAK, None, vertex_pattern=r"\bMatch\b"),),
+                duration_s=duration_s, keys=0, parallelism=p, rate=rate, **_backend(backend))
+
+
+def sql_cep_bounded(keys=5000, within_s=30, p=1, rate=150, backend="hashmap", duration_s=420):
+    return _sql(_id("sql_cep_bounded", f"k{keys}", f"w{within_s}", backend, f"p{p}", f"r{rate}"), "sql_cep_bounded",
+                f"SQL: MATCH_RECOGNIZE (A B per key) WITHIN {within_s}s over {keys:,} keys: partial matches "
+                "stay bounded", "cep", duration_s=duration_s, keys=keys, within_s=within_s, parallelism=p, rate=rate,
+                **_backend(backend))
+
+
+def sql_join_ttl(ttl_s=60, p=1, rate=100, backend="hashmap", duration_s=420):
+    return _sql(_id("sql_join_ttl", f"ttl{ttl_s}", backend, f"p{p}", f"r{rate}"), "sql_join_ttl",
+                f"SQL: the regular join of sql_join_leak with table.exec.state.ttl {ttl_s}s: rows expire, state "
+                "levels off", "join", duration_s=duration_s, ttl_s=ttl_s, parallelism=p, rate=rate,
+                **_backend(backend))
+
+
 BUILDERS = {b.__name__: b for b in (healthy_ttl, healthy_window, healthy_timer, healthy_bursty, healthy_subsecond,
                                     leak_start, leak_after_plateau, leak_slow_on_ttl, leak_one_of_two, backpressure,
                                     skew, checkpoint_timeout, restart_loop, storage_outage, sql_window, sql_join_leak,
-                                    sql_dedup_ttl, sql_skew, sql_slow_udf)}
+                                    sql_dedup_ttl, sql_skew, sql_slow_udf, bounded_keys, ttl_horizon, leak_late,
+                                    leak_fixed, leak_to_timeout, leak_to_limit, backpressure_deepening,
+                                    healthy_large_state, sql_bounded_keys, sql_cep_leak, sql_cep_bounded,
+                                    sql_join_ttl)}
 
 
 @dataclass(frozen=True)
@@ -330,4 +484,12 @@ NAMED: dict[str, NamedScenario] = {s.name: s for s in (
     NamedScenario("sql_dedup_ttl", sql_dedup_ttl, {"ttl_s": 60}),
     NamedScenario("sql_skew", sql_skew, {}, 0.25),
     NamedScenario("sql_slow_udf", sql_slow_udf, {}, 0.25),
+    NamedScenario("bounded_keys", bounded_keys, {"keys": 12000, "rate": 200}),
+    NamedScenario("leak_fixed", leak_fixed, {"fix_s": 120, "extra_s": 120}),
+    NamedScenario("leak_to_timeout", leak_to_timeout, {}),
+    NamedScenario("leak_to_limit", leak_to_limit, {"rate": 200}),
+    NamedScenario("backpressure_deepening", backpressure_deepening, {"ramp_s": 240}),
+    NamedScenario("sql_cep_leak", sql_cep_leak, {}),
+    NamedScenario("sql_cep_bounded", sql_cep_bounded, {}),
+    NamedScenario("sql_join_ttl", sql_join_ttl, {}),
 )}

@@ -23,6 +23,18 @@ knows the onsets of its ground truth exactly. The faults:
   always or ``--slow-on-s`` of every ``--slow-period-s`` (intermittent);
 - a failing task: from ``--fail-onset-ms`` ``enrich`` raises ``--fail-after-s`` after each
   (re)start, so the job restarts in a loop;
+- a bounded key space: ``--key-space K`` draws every record's key uniformly from K keys (a
+  per-user aggregate over a fixed population: without TTL the state fills like
+  K(1 - exp(-rate t / K)) and levels off);
+- a leak that is fixed: from ``--reject-new-keys-onset-ms`` ``keyed-state`` only updates keys it
+  holds already and stores no new ones, so state that grew from the start stays flat;
+- backpressure that deepens: with ``--slow-ramp-s`` ``enrich``'s capacity falls linearly from
+  ``--slow-start-records-per-s`` at ``--slow-onset-ms`` to ``--slow-records-per-s`` over that many
+  seconds (from above the input rate to well under it);
+- ``--checkpoint-min-pause-ms``: the pause between checkpoints, which is also the earliest the
+  first checkpoint is triggered (Flink draws its first trigger between the pause and the
+  interval), so a tight timeout does not fail the first checkpoints while the Python workers
+  warm up;
 - healthy variety: bursts (``--burst-factor`` records per record for ``--burst-on-s`` of every
   ``--burst-period-s``), sub-second checkpoint intervals with concurrent checkpoints, RocksDB
   with full or incremental checkpoints, unaligned checkpoints.
@@ -62,8 +74,9 @@ class AssignKey(FlatMapFunction):
     """Chooses the key (random and effectively never repeated, or the hot key once skew begins)
     and multiplies records during bursts."""
 
-    def __init__(self, hot_onset_ms, hot_share, burst_factor, burst_period_s, burst_on_s, hot_ramp_s=0.0):
+    def __init__(self, hot_onset_ms, hot_share, burst_factor, burst_period_s, burst_on_s, hot_ramp_s=0.0, key_space=0):
         self.hot_onset_ms, self.hot_share, self.hot_ramp_s = hot_onset_ms, hot_share, hot_ramp_s
+        self.key_space = key_space
         self.burst_factor, self.burst_period_s, self.burst_on_s = burst_factor, burst_period_s, burst_on_s
 
     def open(self, runtime_context: RuntimeContext):
@@ -73,6 +86,8 @@ class AssignKey(FlatMapFunction):
         copies = self.burst_factor if self.burst_factor > 1 and in_phase(self.burst_period_s, self.burst_on_s) else 1
         for copy in range(copies):
             key = row[0] if copy == 0 else self.rng.randrange(1, 10**12)
+            if self.key_space > 0:
+                key = self.rng.randrange(1, self.key_space + 1)
             if started(self.hot_onset_ms) and self.rng.random() < self.current_hot_share():
                 key = HOT_KEY
             yield key, row[1]
@@ -98,9 +113,10 @@ class KeyedState(KeyedProcessFunction):
     ``leak_onset_ms`` a ``leak_share`` of the records is also kept in a state that never expires.
     With ``timer_s`` a processing-time timer clears the key instead of a TTL."""
 
-    def __init__(self, ttl_s, leak_onset_ms, leak_share, cost_ms, timer_s=0.0):
+    def __init__(self, ttl_s, leak_onset_ms, leak_share, cost_ms, timer_s=0.0, reject_new_onset_ms=NEVER):
         self.ttl_s, self.leak_onset_ms, self.leak_share = ttl_s, leak_onset_ms, leak_share
         self.cost_ms, self.timer_s = cost_ms, timer_s
+        self.reject_new_onset_ms = reject_new_onset_ms
 
     def open(self, runtime_context: RuntimeContext):
         latest = ValueStateDescriptor("latest_payload", Types.STRING())
@@ -113,6 +129,9 @@ class KeyedState(KeyedProcessFunction):
     def process_element(self, value, ctx):
         if self.cost_ms > 0:
             time.sleep(self.cost_ms / 1000.0)
+        if started(self.reject_new_onset_ms) and self.latest.value() is None:
+            yield value  # the fix: a key the operator does not hold yet is no longer stored
+            return
         if self.timer_s > 0 and self.latest.value() is None:
             ctx.timer_service().register_processing_time_timer(
                 ctx.timer_service().current_processing_time() + int(self.timer_s * 1000))
@@ -139,8 +158,10 @@ class WindowContents(ProcessWindowFunction):
 class Enrich(MapFunction):
     """The operator that slows down (backpressure, checkpoint timeouts) or fails (restart loops)."""
 
-    def __init__(self, slow_onset_ms, slow_records_per_s, slow_period_s, slow_on_s, fail_onset_ms, fail_after_s):
+    def __init__(self, slow_onset_ms, slow_records_per_s, slow_period_s, slow_on_s, fail_onset_ms, fail_after_s,
+                 slow_start_records_per_s=0.0, slow_ramp_s=0.0):
         self.slow_onset_ms, self.slow_records_per_s = slow_onset_ms, slow_records_per_s
+        self.slow_start_records_per_s, self.slow_ramp_s = slow_start_records_per_s, slow_ramp_s
         self.slow_period_s, self.slow_on_s = slow_period_s, slow_on_s
         self.fail_onset_ms, self.fail_after_s = fail_onset_ms, fail_after_s
 
@@ -149,10 +170,17 @@ class Enrich(MapFunction):
 
     def map(self, value):
         if self.slow_records_per_s > 0 and started(self.slow_onset_ms) and in_phase(self.slow_period_s, self.slow_on_s):
-            time.sleep(1.0 / self.slow_records_per_s)
+            time.sleep(1.0 / self.capacity())
         if started(self.fail_onset_ms) and now_ms() - max(self.opened_ms, self.fail_onset_ms) > self.fail_after_s * 1000:
             raise RuntimeError("lab: enrich fails (a poison record in a restart loop)")
         return value
+
+    def capacity(self) -> float:
+        """Records per second enrich handles now: constant, or falling linearly over the ramp."""
+        if self.slow_ramp_s <= 0 or self.slow_start_records_per_s <= 0:
+            return self.slow_records_per_s
+        done = min(1.0, (now_ms() - self.slow_onset_ms) / (self.slow_ramp_s * 1000.0))
+        return self.slow_start_records_per_s + (self.slow_records_per_s - self.slow_start_records_per_s) * done
 
 
 def main() -> None:
@@ -189,6 +217,11 @@ def main() -> None:
     parser.add_argument("--slow-on-s", type=float, default=0.0)
     parser.add_argument("--fail-onset-ms", type=int, default=NEVER)
     parser.add_argument("--fail-after-s", type=float, default=30.0)
+    parser.add_argument("--key-space", type=int, default=0, help="keys drawn uniformly from this many; 0: unbounded")
+    parser.add_argument("--reject-new-keys-onset-ms", type=int, default=NEVER)
+    parser.add_argument("--slow-start-records-per-s", type=float, default=0.0)
+    parser.add_argument("--slow-ramp-s", type=float, default=0.0)
+    parser.add_argument("--checkpoint-min-pause-ms", type=int, default=0)
     parser.add_argument("--burst-factor", type=int, default=1)
     parser.add_argument("--burst-period-s", type=float, default=60.0)
     parser.add_argument("--burst-on-s", type=float, default=15.0)
@@ -214,6 +247,8 @@ def main() -> None:
     checkpoints.set_max_concurrent_checkpoints(args.max_concurrent_checkpoints)
     if args.max_concurrent_checkpoints > 1:
         checkpoints.set_min_pause_between_checkpoints(0)
+    elif args.checkpoint_min_pause_ms > 0:
+        checkpoints.set_min_pause_between_checkpoints(args.checkpoint_min_pause_ms)
     if args.unaligned == "true":
         checkpoints.enable_unaligned_checkpoints()
 
@@ -228,7 +263,7 @@ def main() -> None:
     pair = Types.TUPLE([Types.LONG(), Types.STRING()])
     keyed = (source
              .flat_map(AssignKey(args.hot_onset_ms, args.hot_share, args.burst_factor, args.burst_period_s,
-                                 args.burst_on_s, args.hot_ramp_s), output_type=pair).name("assign-key"))
+                                 args.burst_on_s, args.hot_ramp_s, args.key_space), output_type=pair).name("assign-key"))
     leak_a = args.leak_onset_ms if args.leak_operator == "a" else NEVER
     leak_b = args.leak_onset_ms if args.leak_operator == "b" else NEVER
     if args.stateful == "window":
@@ -242,7 +277,8 @@ def main() -> None:
                              output_type=pair).name("timer-state").uid("timer-state"))
     else:
         stateful = (keyed.key_by(lambda value: value[0], key_type=Types.LONG())
-                    .process(KeyedState(args.ttl_s, leak_a, args.leak_share, args.keyed_cost_ms), output_type=pair)
+                    .process(KeyedState(args.ttl_s, leak_a, args.leak_share, args.keyed_cost_ms,
+                                        reject_new_onset_ms=args.reject_new_keys_onset_ms), output_type=pair)
                     .name("keyed-state").uid("keyed-state"))
     if args.second_stateful == "true":
         stateful = (stateful.key_by(lambda value: value[0] // 7 + 1, key_type=Types.LONG())
@@ -250,7 +286,8 @@ def main() -> None:
                     .name("keyed-state-b").uid("keyed-state-b"))
     (stateful
      .map(Enrich(args.slow_onset_ms, args.slow_records_per_s, args.slow_period_s, args.slow_on_s,
-                 args.fail_onset_ms, args.fail_after_s), output_type=pair).name("enrich")
+                 args.fail_onset_ms, args.fail_after_s, args.slow_start_records_per_s, args.slow_ramp_s),
+          output_type=pair).name("enrich")
      .filter(lambda value: False).name("discard")
      .print().name("sink"))
     env.execute_async(args.job_name)

@@ -13,6 +13,12 @@ for its ground truth. ``--query`` picks the job:
   then stays flat (a healthy warm-up);
 - ``skew``: a GROUP BY over a bounded key space where, from ``--hot-onset-ms``, a share of the
   records carries one key (skew);
+- ``bounded_agg``: a GROUP BY over a bounded key space (``--keys``, keys drawn uniformly), no
+  TTL: a per-user aggregate over a fixed population, whose state fills and levels off;
+- ``cep``: ``MATCH_RECOGNIZE`` (``PATTERN (A B)``, B right after A, per key): with keys that never
+  repeat (``--keys 0``) and no ``WITHIN`` every partial match waits forever (a leak); over a
+  bounded key space with ``--within-s`` the partial matches are bounded (healthy);
+- ``join`` with ``--ttl-s`` (``table.exec.state.ttl``): the same join whose rows expire (healthy);
 - ``slow_udf``: a Python scalar function that, from ``--slow-onset-ms``, handles at most
   ``--slow-records-per-s`` (backpressure behind it); the source runs apart from it
   (``scan.parallelism`` 1 under a wider job), so the slow function has a vertex to back up into.
@@ -29,7 +35,7 @@ from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import ScalarFunction, udf
 
 NEVER = -1
-QUERIES = ("window", "join", "dedup", "skew", "slow_udf")
+QUERIES = ("window", "join", "dedup", "skew", "slow_udf", "bounded_agg", "cep")
 
 
 class SlowEnrich(ScalarFunction):
@@ -61,7 +67,9 @@ def statements(args) -> list[str]:
                     "join": "k BIGINT, order_payload STRING, payment_payload STRING",
                     "dedup": "k BIGINT, payload STRING",
                     "skew": "bucket BIGINT, cnt BIGINT, latest STRING",
-                    "slow_udf": "k BIGINT, enriched STRING"}[args.query]
+                    "slow_udf": "k BIGINT, enriched STRING",
+                    "bounded_agg": "k BIGINT, cnt BIGINT, latest STRING",
+                    "cep": "k BIGINT, a_payload STRING, b_r INT"}[args.query]
     ddl = [f"CREATE TABLE results ({sink_columns}) WITH ('connector' = 'blackhole')"]
     if args.query == "window":
         ddl += [source("records", args.rate, args.payload_bytes, 10**12),
@@ -96,6 +104,24 @@ def statements(args) -> list[str]:
                             ELSE MOD(k, {args.keys}) + 1 END AS bucket, payload
                 FROM records)
             GROUP BY bucket"""
+    elif args.query == "bounded_agg":
+        ddl.append(source("records", args.rate, args.payload_bytes, args.keys))
+        query = """
+            INSERT INTO results
+            SELECT k, COUNT(*), MAX(payload) FROM records GROUP BY k"""
+    elif args.query == "cep":
+        ddl.append(source("records", args.rate, args.payload_bytes, args.keys if args.keys > 0 else 10**12))
+        within = f"WITHIN INTERVAL '{int(args.within_s)}' SECOND" if args.within_s > 0 else ""
+        query = f"""
+            INSERT INTO results
+            SELECT k, a_payload, b_r FROM records
+            MATCH_RECOGNIZE (
+                PARTITION BY k ORDER BY pt
+                MEASURES A.payload AS a_payload, B.r AS b_r
+                ONE ROW PER MATCH
+                AFTER MATCH SKIP PAST LAST ROW
+                PATTERN (A B) {within}
+                DEFINE A AS A.r < 50, B AS B.r >= 90)"""
     else:
         ddl.append(source("records", args.rate, args.payload_bytes, 10**12, ", 'scan.parallelism' = '1'"))
         query = """
@@ -118,7 +144,9 @@ def main() -> None:
     parser.add_argument("--tolerable-failed-checkpoints", type=int, default=1000)
     parser.add_argument("--ttl-s", type=float, default=0.0, help="table.exec.state.ttl; 0: state never expires")
     parser.add_argument("--window-s", type=float, default=30.0)
-    parser.add_argument("--keys", type=int, default=1000, help="the key space of window and skew")
+    parser.add_argument("--keys", type=int, default=1000, help="the key space of window, skew, bounded_agg and cep "
+                                                                "(cep: 0 for keys that never repeat)")
+    parser.add_argument("--within-s", type=float, default=0.0, help="cep: WITHIN INTERVAL seconds; 0: none")
     parser.add_argument("--hot-onset-ms", type=int, default=NEVER)
     parser.add_argument("--hot-share", type=float, default=0.85)
     parser.add_argument("--slow-onset-ms", type=int, default=NEVER)
