@@ -27,6 +27,9 @@ from prometheus_client import (GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECT
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from pipelines.contracts import INCIDENT_EVENTS, SEVERITIES
+from pipelines.families import FAMILIES
+
 PREFIX = "checkpoint_sentinel"
 # Spark's micro-batches: a quiet trigger is well under a second, a backlog's batch minutes.
 BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -135,6 +138,11 @@ class DetectionMetrics:
         r = self.registry
         self.incident_events = Counter(f"{PREFIX}_incident_events", "Incident events published",
                                        ["family", "severity", "event"], registry=r)
+        # Every family, severity and event from the start, so a rule's or panel's increase() sees the first one.
+        for family in FAMILIES:
+            for severity in SEVERITIES:
+                for event in INCIDENT_EVENTS:
+                    self.incident_events.labels(family, severity, event)
         self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Input records sent to the dead-letter topic",
                                     ["reason"], registry=r)
         self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Duration of the query's micro-batches",
