@@ -53,10 +53,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pipelines import telemetry
-from pipelines.config import SentinelConfig
+from pipelines.config import HttpClientSecurity, SentinelConfig
 from pipelines.contracts import SEVERITIES
 from pipelines.families import ALERTNAMES, FAMILIES
-from pipelines.io import kafka_clients
+from pipelines.io import http_security, kafka_clients
 from pipelines.reports.incident_view import page_file
 
 log = logging.getLogger(__name__)
@@ -290,18 +290,33 @@ def _collapse(alerts: Sequence[dict]) -> list[dict]:
 class Alertmanagers:
     """Alertmanager's v2 API at one or more URLs (an HA pair gets every alert)."""
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0):
+    def __init__(self, urls: Sequence[str], timeout_s: float = 10.0, security: HttpClientSecurity | None = None):
         if not urls:
             raise ValueError("no Alertmanager URL: pass --alertmanager URL (repeatable) or set "
                              "alert.alertmanager_urls (SENTINEL_ALERT__ALERTMANAGER_URLS)")
         self.urls = [url.rstrip("/") for url in urls]
         self.timeout_s = timeout_s
+        self.security = security or HttpClientSecurity()
+        # Made once: a context loads its CA and certificate files when built.
+        self._tls = http_security.ssl_context(self.security, "alert") \
+            if any(url.startswith("https:") for url in self.urls) else None
 
     def _request(self, url: str, data: bytes | None = None) -> bytes:
-        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+        # The credentials are read for each request: a rotated password file is used at once.
+        headers = {"Content-Type": "application/json", **http_security.authorization(self.security, "alert")}
+        request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET", headers=headers)
+        with urllib.request.urlopen(request, timeout=self.timeout_s,
+                                    context=self._tls if url.startswith("https:") else None) as response:
             return response.read()
+
+    def _problem(self, exc: BaseException) -> str:
+        """What went wrong, and for a refusal of this client's TLS or credentials, what to set."""
+        status = exc.code if isinstance(exc, urllib.error.HTTPError) else None
+        # A TLS alert read after the handshake comes as a bare SSLError, whose reason is a code.
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        said = f"HTTP {status}" if status is not None else str(reason)
+        hint = http_security.refusal_hint(f"{reason} {getattr(reason, 'reason', '')}", status, self.security, "alert")
+        return f"{said}: {hint}" if hint else said
 
     def check_reachable(self) -> None:
         """Fail when no URL answers Alertmanager's readiness endpoint (a wrong URL is a config error)."""
@@ -311,7 +326,7 @@ class Alertmanagers:
                 self._request(f"{url}/-/ready")
                 return
             except (urllib.error.URLError, OSError) as exc:
-                problems[url] = str(getattr(exc, "reason", exc))
+                problems[url] = self._problem(exc)
         raise AlertmanagerUnavailable(
             "no Alertmanager is reachable (" + "; ".join(f"{u}: {p}" for u, p in problems.items()) + "). Check "
             "--alertmanager / alert.alertmanager_urls (the base URL, e.g. http://alertmanager:9093) and that it runs.")
@@ -330,9 +345,11 @@ class Alertmanagers:
                 accepted.append(url)
             except urllib.error.HTTPError as exc:
                 problem = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace').strip()}"
+                if exc.code in (401, 403):  # retried: a rotated secret may fix it, and nothing is dropped
+                    problem = self._problem(exc)
                 (refused if exc.code in REFUSED_STATUSES else problems)[url] = problem
             except (urllib.error.URLError, OSError) as exc:
-                problems[url] = str(getattr(exc, "reason", exc))
+                problems[url] = self._problem(exc)
         for url, problem in {**refused, **problems}.items():
             log.warning("Alertmanager %s did not take %d alert(s): %s", url, len(alerts), problem)
         if not accepted:
@@ -364,7 +381,8 @@ class AlertRelay:
             raise ValueError(f"alert.open_alert_ttl_s ({settings.open_alert_ttl_s:g}s) must be more than twice the "
                              f"resend interval ({settings.resend_interval_s:g}s): an open alert would end between "
                              "two re-sends")
-        self.alertmanagers = Alertmanagers(list(urls or settings.alertmanager_urls), settings.request_timeout_s)
+        self.alertmanagers = Alertmanagers(list(urls or settings.alertmanager_urls), settings.request_timeout_s,
+                                           settings.security)
         self.book = AlertBook(settings.open_alert_ttl_s, settings.incident_url)
         self.clock = clock
         self.stats = RelayStats()

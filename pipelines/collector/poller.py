@@ -124,7 +124,7 @@ class ClusterCollector:
         self.shard = shard or Shard.parse(settings.shard)
         self.settings = settings
         self.rest = FlinkRestClient(endpoint.rest_url, settings.request_timeout_s, settings.retries, settings.backoff_s,
-                                    settings.max_concurrent_requests)
+                                    settings.max_concurrent_requests, security=settings.security)
         folder = Location.of(settings.state_dir, storage) if settings.state_dir else None
         self.ledger = CheckpointLedger(folder / self.shard.ledger_name(endpoint.name) if folder else None)
         if folder is not None:

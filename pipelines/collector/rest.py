@@ -10,6 +10,11 @@ Server errors, timeouts and refused connections are retried with exponential bac
 JobManager that is failing over comes back); client errors are not (a checkpoint that fell out of
 the history stays a 404). Long metric lists are split over several requests, because Flink's
 HTTP server rejects request lines longer than 4096 bytes.
+
+A secured REST API (Flink's ``security.ssl.rest.*``, or a proxy in front of it) gets the
+``collector.security`` TLS context and Authorization header (:mod:`pipelines.io.http_security`);
+a refusal (a client certificate or credentials required, an untrusted certificate) is not
+retried, and its error names the key to set.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from typing import Any, Awaitable, Callable, Iterable
 
 import orjson
 
+from pipelines.config import HttpClientSecurity
+from pipelines.io import http_security
+
 log = logging.getLogger(__name__)
 
 # Flink's Netty HTTP codec refuses longer request lines; leave room for the path and host.
@@ -31,21 +39,24 @@ MAX_QUERY_CHARS = 3000
 class FlinkRestError(RuntimeError):
     """A REST request that failed for good (after retries, or a client error)."""
 
-    def __init__(self, url: str, reason: str, status: int | None = None):
+    def __init__(self, url: str, reason: str, status: int | None = None, refused: bool = False):
         super().__init__(f"GET {url}: {reason}")
-        self.url, self.reason, self.status = url, reason, status
+        self.url, self.reason, self.status, self.refused = url, reason, status, refused
 
     @property
     def retryable(self) -> bool:
-        return self.status is None or self.status >= 500 or self.status == 429
+        # A refusal of this client's TLS or credentials is the same on the next try.
+        return not self.refused and (self.status is None or self.status >= 500 or self.status == 429)
 
 
 class FlinkRestClient:
     """GET JSON from one Flink cluster's REST API (coroutines; one event loop per client)."""
 
     def __init__(self, base_url: str, timeout_s: float = 5.0, retries: int = 3, backoff_s: float = 0.5,
-                 concurrency: int = 16, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep):
+                 concurrency: int = 16, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 security: HttpClientSecurity | None = None):
         self.base_url = base_url.rstrip("/")
+        self.security = security or HttpClientSecurity()
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.concurrency = concurrency
         self.sleep = sleep
@@ -62,9 +73,12 @@ class FlinkRestClient:
 
             # The pool holds as many connections as requests may be under way, so a request never
             # waits for a connection inside its own timeout; idle ones are kept between polls.
-            connector = aiohttp.TCPConnector(limit=self.concurrency, keepalive_timeout=60, enable_cleanup_closed=True)
+            tls = http_security.ssl_context(self.security, "collector") if self.base_url.startswith("https:") else None
+            connector = aiohttp.TCPConnector(limit=self.concurrency, keepalive_timeout=60, enable_cleanup_closed=True,
+                                             ssl=tls if tls is not None else True)
+            headers = {"Accept": "application/json", **http_security.authorization(self.security, "collector")}
             self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                                  headers={"Accept": "application/json"}, auto_decompress=True)
+                                                  headers=headers, auto_decompress=True)
             self._slots = asyncio.Semaphore(self.concurrency)
         return self._session
 
@@ -106,14 +120,27 @@ class FlinkRestClient:
             except asyncio.TimeoutError:
                 raise FlinkRestError(url, f"unreachable (timed out after {self.timeout_s:g}s)") from None
             except (aiohttp.ClientError, OSError) as exc:
-                raise FlinkRestError(url, f"unreachable ({exc or type(exc).__name__})") from None
+                said = str(exc) or type(exc).__name__
+                hint = http_security.refusal_hint(said, None, self.security, "collector")
+                if not hint and url.startswith("http:") and isinstance(exc, aiohttp.ServerDisconnectedError):
+                    hint = ("if the REST API has TLS on (Flink's security.ssl.rest.enabled), use an https:// "
+                            "rest_url")
+                if hint:
+                    raise FlinkRestError(url, f"refused ({said}): {hint}", refused=True) from None
+                raise FlinkRestError(url, f"unreachable ({said})") from None
             finally:
                 self._latencies.append(time.monotonic() - started)
+        if status in (401, 403):
+            raise FlinkRestError(url, f"HTTP {status}: " + http_security.refusal_hint("", status, self.security,
+                                                                                      "collector"), status, refused=True)
         if status >= 400:
             raise FlinkRestError(url, f"HTTP {status} {_flink_errors(body)}", status)
         try:
             answer = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
+            if not body and url.startswith("http:"):  # what Flink's TLS-only REST port answers plain HTTP with
+                raise FlinkRestError(url, "an empty answer: if the REST API has TLS on (Flink's "
+                                          "security.ssl.rest.enabled), use an https:// rest_url") from None
             # A proxy's HTML error page or a cut-off body: worth another try.
             raise FlinkRestError(url, f"not JSON ({exc}): {body[:120]!r}") from None
         if self.recording is not None:

@@ -15,11 +15,11 @@ from pipelines.config.kafka import (SECRET_CLIENT_OPTIONS, SECURITY_CLIENT_OPTIO
                                     KafkaSecurityConfig, TopicsConfig)
 from pipelines.config.loading import (DEFAULT_CONFIG_FILE, ENV_PREFIX, ENV_RESERVED, PROJECT_ROOT, SentinelConfig,
                                       load_config)
-from pipelines.config.services import (AlertConfig, CollectorConfig, FlinkClusterEndpoint, LabConfig,
-                                       StackConfig, StorageConfig)
+from pipelines.config.services import (AlertConfig, CollectorConfig, FlinkClusterEndpoint, HttpClientSecurity,
+                                       LabConfig, StackConfig, StorageConfig)
 
 __all__ = ["AlertConfig", "CollectorConfig", "ConfigError", "DEFAULT_CONFIG_FILE", "DetectionConfig", "ENV_PREFIX",
-           "ENV_RESERVED", "FeaturesConfig", "FlinkClusterEndpoint", "JobOverride", "KafkaConfig", "KafkaSecurityConfig",
+           "ENV_RESERVED", "FeaturesConfig", "FlinkClusterEndpoint", "HttpClientSecurity", "JobOverride", "KafkaConfig", "KafkaSecurityConfig",
            "LabConfig", "LocalPath", "MlflowConfig", "ModelNames", "PROJECT_ROOT", "SECRET_CLIENT_OPTIONS",
            "SECURITY_CLIENT_OPTIONS", "SentinelConfig", "SparkConfig", "StackConfig", "StorageConfig",
            "StorageLocation", "TopicsConfig", "load_config"]

@@ -61,10 +61,10 @@ class SentinelConfig(_Strict):
         cfg.detection.metrics_file = _absolute(cfg.detection.metrics_file or cfg.state_dir / "metrics" / "sentinel.prom",
                                                base_dir)
         cfg.collector.state_dir = normalize(cfg.collector.state_dir or cfg.state_dir / "collector", base_dir)
-        security = cfg.kafka.security
-        for key in security.FILE_KEYS:
-            if getattr(security, key) is not None:
-                setattr(security, key, _absolute(getattr(security, key), base_dir))
+        for security in (cfg.kafka.security, cfg.collector.security, cfg.alert.security):
+            for key in security.FILE_KEYS:
+                if getattr(security, key) is not None:
+                    setattr(security, key, _absolute(getattr(security, key), base_dir))
         cfg.lab.flink_venv = _absolute(cfg.lab.flink_venv or LabConfig.default_venv(cfg.lab.flink_version), base_dir)
         cfg.lab.datasets_dir = _absolute(cfg.lab.datasets_dir or cfg.state_dir / "lab", base_dir)
         cfg.lab.corpus_dir = _absolute(cfg.lab.corpus_dir or PROJECT_ROOT / "data" / "lab", base_dir)
@@ -193,6 +193,7 @@ def load_config(
     if base_dir is None:
         base_dir = file_path.resolve().parent if file_path is not None else Path.cwd()
     resolved = config.resolved(base_dir)
-    if missing := resolved.kafka.security.missing_files():
+    if missing := resolved.kafka.security.missing_files() + resolved.collector.security.missing_files("collector") \
+            + resolved.alert.security.missing_files("alert"):
         raise ConfigError(f"invalid configuration ({origin}):\n  " + "\n  ".join(missing))
     return resolved

@@ -4,10 +4,68 @@ relay and the lab."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from pipelines.config.base import LocalPath, StorageLocation, _http_url, _Strict
+from pipelines.config.base import ConfigError, LocalPath, StorageLocation, _http_url, _Strict
+
+
+class HttpClientSecurity(_Strict):
+    """TLS and authentication of an HTTP client (`sentinel collect` to Flink's REST API, `sentinel
+    alert` to Alertmanager). Secrets are secret types, from the environment or from a file read
+    each time a client is made (a mounted Kubernetes secret, rotated in place), as for Kafka."""
+
+    ca_file: LocalPath | None = Field(None, description="PEM file of the CA(s) that signed the server's certificate "
+                                                        "(default: the system's CAs), for an https:// URL.")
+    cert_file: LocalPath | None = Field(None, description="Client certificate (PEM; its key too unless key_file), "
+                                                          "for a server that requires mutual TLS.")
+    key_file: LocalPath | None = Field(None, description="The client certificate's private key (PEM), when it is "
+                                                         "not in cert_file.")
+    check_hostname: bool = Field(True, description="Check that the server's certificate names the host connected "
+                                                   "to.")
+    username: str | None = Field(None, description="HTTP basic authentication's user (with password).")
+    password: SecretStr | None = Field(None, description="Basic authentication's password (or password_file).")
+    password_file: LocalPath | None = Field(None, description="A file holding password.")
+    bearer_token: SecretStr | None = Field(None, description="A bearer token sent as `Authorization: Bearer` (or "
+                                                             "bearer_token_file), instead of basic authentication.")
+    bearer_token_file: LocalPath | None = Field(None, description="A file holding bearer_token.")
+
+    FILE_KEYS: ClassVar[tuple[str, ...]] = ("ca_file", "cert_file", "key_file", "password_file", "bearer_token_file")
+
+    @model_validator(mode="after")
+    def _complete(self) -> "HttpClientSecurity":
+        problems = []
+        for secret in ("password", "bearer_token"):
+            if getattr(self, secret) is not None and getattr(self, secret + "_file") is not None:
+                problems.append(f"give {secret} or {secret}_file, not both")
+        basic = self.username is not None or self.password is not None or self.password_file is not None
+        if basic and (self.username is None or (self.password is None and self.password_file is None)):
+            problems.append("basic authentication needs username and password (or password_file)")
+        if basic and (self.bearer_token is not None or self.bearer_token_file is not None):
+            problems.append("give basic authentication (username, password) or a bearer token, not both")
+        if self.key_file is not None and self.cert_file is None:
+            problems.append("key_file needs cert_file (the certificate it is the key of)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def secret(self, name: Literal["password", "bearer_token"], section: str) -> str | None:
+        """The secret's value, from the config or its file; only for handing to a client."""
+        value: SecretStr | None = getattr(self, name)
+        if value is not None:
+            return value.get_secret_value()
+        path: Path | None = getattr(self, name + "_file")
+        if path is None:
+            return None
+        try:
+            return path.read_text().rstrip("\r\n")
+        except OSError as exc:
+            raise ConfigError(f"{section}.security.{name}_file: cannot read {path} ({exc.strerror})") from None
+
+    def missing_files(self, section: str) -> list[str]:
+        return [f"{section}.security.{key}: {path} does not exist" for key in self.FILE_KEYS
+                if (path := getattr(self, key)) is not None and not path.is_file()]
 
 
 class StorageConfig(_Strict):
@@ -82,6 +140,9 @@ class CollectorConfig(_Strict):
                                                                 "<state_dir>/collector).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel collect` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9465, ge=0, le=65535, description="Its port (0: any free one; null: off).")
+    security: HttpClientSecurity = Field(default_factory=HttpClientSecurity,
+                                         description="TLS and authentication to the clusters' REST APIs (Flink's "
+                                                     "security.ssl.rest.*; a proxy's basic or bearer auth).")
 
     @field_validator("shard")
     @classmethod
@@ -113,6 +174,9 @@ class AlertConfig(_Strict):
                                                        "(the annotation `incident_url`).")
     metrics_host: str = Field("127.0.0.1", description="Where `sentinel alert` serves /metrics for Prometheus.")
     metrics_port: int | None = Field(9466, ge=0, le=65535, description="Its port (0: any free one; null: off).")
+    security: HttpClientSecurity = Field(default_factory=HttpClientSecurity,
+                                         description="TLS and authentication to Alertmanager (its "
+                                                     "--web.config.file: tls_server_config, basic_auth_users).")
 
     @field_validator("alertmanager_urls")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -57,10 +58,15 @@ class Webhook:
 
 
 class Alertmanager:
-    def __init__(self, folder: Path, webhook: Webhook):
+    """``web_config``: a ``--web.config.file`` (TLS, basic auth); then ``client`` is how the test
+    itself reaches it (an SSL context and an Authorization header)."""
+
+    def __init__(self, folder: Path, webhook: Webhook, web_config: Path | None = None,
+                 client: tuple[ssl.SSLContext, dict[str, str]] | None = None):
         self.binary = alertmanager_binary("prometheus-alertmanager")
         self.folder, self.port, self.webhook = folder, free_port(), webhook
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.web_config, self.client = web_config, client
+        self.url = f"{'https' if web_config else 'http'}://127.0.0.1:{self.port}"
         settings = yaml.safe_load(SHIPPED_CONFIG.read_text())
         settings["route"].update(group_wait="0s", group_interval="1s")  # notify at once, for the test
         for receiver in settings["receivers"]:
@@ -72,12 +78,13 @@ class Alertmanager:
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, f"--config.file={self.folder / 'alertmanager.yml'}", f"--storage.path={self.folder / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
+             *([f"--web.config.file={self.web_config}"] if self.web_config else [])],
             stdout=open(self.folder / "alertmanager.log", "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                urllib.request.urlopen(f"{self.url}/-/ready", timeout=1)
+                self._get("/-/ready", timeout=1)
                 return
             except OSError:
                 time.sleep(0.2)
@@ -89,7 +96,13 @@ class Alertmanager:
 
     def alerts(self) -> list[dict]:
         """The active alerts in Alertmanager's v2 API."""
-        return json.loads(urllib.request.urlopen(f"{self.url}/api/v2/alerts", timeout=5).read())
+        return json.loads(self._get("/api/v2/alerts", timeout=5))
+
+    def _get(self, path: str, timeout: float) -> bytes:
+        context, headers = self.client or (None, {})
+        request = urllib.request.Request(self.url + path, headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return response.read()
 
 
 def of_incident(alerts: list[dict], incident: dict) -> list[dict]:
