@@ -48,9 +48,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping
 
-SCHEMA_VERSION = 1
+from pipelines.contracts import SCHEMA_VERSION, TERMINAL_JOB_STATES  # noqa: F401  (the poller reads the states here)
+
 FINISHED_CHECKPOINT_STATES = ("COMPLETED", "FAILED")
-TERMINAL_JOB_STATES = ("FINISHED", "CANCELED", "FAILED")
 # JobManagerCheckpointStorage's default maximum state size (MAX_STATE_SIZE = 5 MiB): a hard limit
 # that fails every checkpoint once a job's state outgrows it.
 JOBMANAGER_STORAGE_MAX_STATE_BYTES = 5 * 1024 * 1024

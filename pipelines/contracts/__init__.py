@@ -44,6 +44,9 @@ from pipelines.families import FAMILIES
 
 SCHEMA_VERSION = 1
 EVENT_KINDS = ("checkpoint", "vertex_metrics", "job_status")
+# Flink's job states after which a job runs no more (a ``job_status`` event's ``state``): the
+# collector then leaves the job alone, and its incidents end with it.
+TERMINAL_JOB_STATES = ("FINISHED", "CANCELED", "FAILED")
 INCIDENT_FAMILIES = FAMILIES
 INCIDENT_EVENTS = ("opened", "updated", "resolved")
 SEVERITIES = ("info", "warning", "critical")

@@ -26,8 +26,9 @@ from typing import Iterable, Mapping, Sequence
 import pandas as pd
 
 from feature_store.compute import OUTPUT_COLUMNS
-from feature_store.job_features import TERMINAL_STATES, JobFeatureState
+from feature_store.job_features import JobFeatureState
 from models.registry import LoadedDetector
+from pipelines.contracts import TERMINAL_JOB_STATES
 from pipelines.detection import job_state
 from pipelines.detection.validation import DEFAULT_VALUE_BYTES, check_event, dead_letter
 from pipelines.incidents import policy
@@ -208,7 +209,7 @@ def _before_the_end(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` less those of checkpoints stamped after their job's end: the collector publishes a
     poll's status before its checkpoints, so where the JobManager's clock runs ahead of the
     collector's, the ended run's last checkpoints read as if they came after its end."""
-    ended = rows["job_state"].isin(TERMINAL_STATES)
+    ended = rows["job_state"].isin(TERMINAL_JOB_STATES)
     if not ended.any():
         return rows
     end = rows[ended].groupby(["cluster", "job_id"])["ts"].min().rename("_end")
