@@ -38,6 +38,7 @@ from pipelines.detection.processor import detect, load_models_on_workers
 from pipelines.detection.spark_state import (UnsupportedPySpark, check_spark_versions, relocate_checkpoint,
                                              state_partitions)
 from pipelines.io import kafka_clients
+from pipelines.io.kafka_source import BROKER_WAIT_MS
 from pipelines.io.kafka_stream import read_kafka_stream
 from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics, MetricsServer, serve
@@ -54,7 +55,7 @@ DETECTION_QUERY = "detection"
 EARLIER_LAYOUT = ("detection/policy", "dead_letters")
 # How long a batch waits for a broker that does not take its incidents before it fails (and is run
 # again): as long as the input source waits for an absent broker.
-BROKER_WAIT_S = 1800.0
+BROKER_WAIT_S = BROKER_WAIT_MS / 1000.0
 
 
 class DetectionSinks:

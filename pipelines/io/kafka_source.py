@@ -27,7 +27,8 @@ Options (all strings, as Spark passes them):
                          "secret") hides them wherever Spark shows options, and kept out of reprs
 ``pollTimeoutMs``        how long a task waits for records it knows exist (default 120000)
 ``brokerWaitMs``         how long a task waits on while the broker does not answer at all (default
-                         1800000): it reads on when the broker is back, instead of failing the query
+                         :data:`BROKER_WAIT_MS`, half an hour): it reads on when the broker is back,
+                         instead of failing the query
 ``metadataTimeoutMs``    how long the driver waits for the topic's metadata (default 30000)
 =======================  ==========================================================================
 """
@@ -59,6 +60,9 @@ from pipelines.io import kafka_clients
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "sentinel_kafka"
+# How long a read task waits on while the broker does not answer at all (``brokerWaitMs``); the
+# detection job's sinks wait as long for a broker that does not take their incidents.
+BROKER_WAIT_MS = 30 * 60_000
 
 # Spark's own Kafka source schema (with includeHeaders=true).
 KAFKA_ROW_SCHEMA = (
@@ -210,7 +214,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError("option 'maxOffsetsPerTrigger' must be >= 1")
         self.fail_on_data_loss = _flag(options, "failOnDataLoss", True)
         self.poll_timeout_s = float(options.get("pollTimeoutMs", "120000")) / 1000.0
-        self.broker_wait_s = float(options.get("brokerWaitMs", "1800000")) / 1000.0
+        self.broker_wait_s = float(options.get("brokerWaitMs", BROKER_WAIT_MS)) / 1000.0
         self.metadata_timeout_s = float(options.get("metadataTimeoutMs", "30000")) / 1000.0
         read_tasks = options.get("readTasks")
         self.read_tasks = int(read_tasks) if read_tasks else None
