@@ -17,12 +17,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from pipelines.datasets import read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
+from pipelines.datasets import SPLITS, read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
 from pipelines.simulator.job import FLINK_2_3, JobSimulation, Reporting
 from pipelines.simulator.scenarios import CATALOGUE, Scenario
 
 DEFAULT_START_TS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-SPLITS = ("train", "validation", "test")
 
 
 class SimulationError(ValueError):
