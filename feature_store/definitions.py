@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
+from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS,
+                                      TRAJECTORY_POINTS, WINDOW_POINTS)
+
 SHORT_WINDOW_CHECKPOINTS = 12
 LONG_WINDOW_MS = 90 * 60_000
 METRIC_POLLS_AVERAGED = 4
@@ -45,6 +48,11 @@ class Feature:
 
 _SHORT = f"last {SHORT_WINDOW_CHECKPOINTS} completed checkpoints"
 _LONG = f"completed checkpoints of the last {LONG_WINDOW_MS // 60_000} min"
+_GROWTH = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {GROWTH_MIN_POINTS}), "
+           f"thinned to {WINDOW_POINTS}")
+_RECENT = (f"the growth window, after its last change of pace (at least {RECENT_MIN_SPAN_MS // 1000} s and "
+           f"{RECENT_MIN_POINTS} checkpoints)")
+_HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to {TRAJECTORY_POINTS}"
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
 FEATURES: tuple[Feature, ...] = (
@@ -71,6 +79,18 @@ FEATURES: tuple[Feature, ...] = (
             f"full state over the highest plateau it held (>= {FLAT_MIN_POINTS} checkpoints over >= "
             f"{FLAT_MIN_SPAN_MS // 1000} s trending by at most {FLAT_MAX_GROWTH:.0%}); null before any: above 1, growth "
             "resumed after a plateau, which is not warm-up"),
+    Feature("state_growth_low_per_h", "state_leak", "job", "1/h", _GROWTH,
+            "lower 95 % bound of the relative slope of full state (error widened for autocorrelated residuals)"),
+    Feature("state_growth_high_per_h", "state_leak", "job", "1/h", _GROWTH, "upper 95 % bound of that slope"),
+    Feature("state_recent_growth_low_per_h", "state_leak", "job", "1/h", _RECENT,
+            "lower 95 % bound of the relative slope of full state since its last change of pace: above 0 while it still grows"),
+    Feature("state_filling", "state_leak", "job", "0/1", _HISTORY,
+            "1 if full state decelerates toward an asymptote (a saturating curve explains its history, with no "
+            "linear growth beside it, and its growth now is the curve's); null with too short a history"),
+    Feature("state_plateau_bytes", "state_leak", "job", "bytes", _HISTORY,
+            "where full state levels off, when it is filling (null otherwise)"),
+    Feature("state_plateau_eta_s", "state_leak", "job", "s", _HISTORY,
+            "seconds until full state is within 1 % of its plateau, when it is filling"),
     Feature("checkpointed_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
             "relative slope of the persisted (checkpointed) size; flat under incremental checkpoints"),
     Feature("state_growth_bytes_per_record", "state_leak", "job", "bytes/record", _SHORT,
@@ -107,6 +127,18 @@ FEATURES: tuple[Feature, ...] = (
     Feature("vertex_state_rel_slope_long_per_h", "state_leak", "vertex", "1/h", _LONG, "relative slope of the vertex's state, long horizon"),
     Feature("vertex_state_r2_long", "state_leak", "vertex", "ratio", _LONG, "R^2 of the vertex's state, long horizon"),
     Feature("vertex_state_deceleration", "state_leak", "vertex", "ratio", _LONG, "later-half over earlier-half slope of the vertex's state"),
+    Feature("vertex_state_growth_low_per_h", "state_leak", "vertex", "1/h", _GROWTH,
+            "lower 95 % bound of the relative slope of the vertex's state (error widened for autocorrelated residuals)"),
+    Feature("vertex_state_growth_high_per_h", "state_leak", "vertex", "1/h", _GROWTH, "upper 95 % bound of that slope"),
+    Feature("vertex_state_recent_growth_low_per_h", "state_leak", "vertex", "1/h", _RECENT,
+            "lower 95 % bound of the relative slope of the vertex's state since its last change of pace: above 0 while it still grows"),
+    Feature("vertex_state_filling", "state_leak", "vertex", "0/1", _HISTORY,
+            "1 if the vertex's state decelerates toward an asymptote (a saturating curve explains its history, with no "
+            "linear growth beside it, and its growth now is the curve's); null with too short a history"),
+    Feature("vertex_state_plateau_bytes", "state_leak", "vertex", "bytes", _HISTORY,
+            "where the vertex's state levels off, when it is filling (null otherwise)"),
+    Feature("vertex_state_plateau_eta_s", "state_leak", "vertex", "s", _HISTORY,
+            "seconds until the vertex's state is within 1 % of its plateau, when it is filling"),
     Feature("vertex_limit_ratio", "state_leak", "vertex", "ratio", "latest", "largest subtask state of the vertex over the limit"),
     Feature("vertex_state_over_prior_max", "state_leak", "vertex", "ratio", "since first seen",
             "the vertex's state over its largest state before the short window"),

@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import orjson
 
+from feature_store import trajectory as growth
+
 from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
     FLAT_MAX_GROWTH,
@@ -317,6 +319,13 @@ class JobFeatureState:
     retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
+    # The growth test's window (growth.GROWTH_WINDOW_MS, or the last GROWTH_MIN_POINTS checkpoints
+    # if they come slower), thinned: [ts, total, {vid: state}].
+    growth_window: list = field(default_factory=list)
+    # The state's history since the job was first seen, halved when full: [ts, total, {vid: state}].
+    trajectory: list = field(default_factory=list)
+    trajectory_spacing_ms: float = 1000.0
+    trajectory_fits: dict = field(default_factory=dict)  # JOB or vid: [stamp, fit] (refitted when the history moved)
     # Long-horizon fits, {JOB or vid: [stamp, trends]}: they change only when the thinned long
     # buffer does (every LONG_WINDOW_MS / LONG_BUFFER_POINTS), not at every evaluation. Kept in
     # the state because the stream rebuilds the machine from it at every call; the stamp (length, first and last time) names
@@ -533,6 +542,7 @@ class JobFeatureState:
         self._plateau(JOB, [[e[0], e[1]] for e in window])
         for vid in per_vertex:
             self._plateau(vid, [[e[0], e[3][vid][0]] for e in window if vid in e[3]])
+        self._grow(ts, entry[1], {vid: sizes[0] for vid, sizes in per_vertex.items()})
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
             # What the long-horizon trends read, the vertices by their place in long_vertices (a
@@ -544,6 +554,43 @@ class JobFeatureState:
             self.completed_long.append([ts, entry[1], [per_vertex[vid][0] if vid in per_vertex else None
                                                        for vid in self.long_vertices]])
         self.completed_long = [e for e in self.completed_long if e[0] >= ts - LONG_WINDOW_MS]
+
+    def _grow(self, ts: int, total: float | None, states: dict) -> None:
+        """Add a completed checkpoint to the growth window and the trajectory."""
+        point = [ts, total, states]
+        window = self.growth_window
+        growth.thin_append(window, point, growth.GROWTH_WINDOW_MS / growth.WINDOW_POINTS)
+        start = ts - growth.GROWTH_WINDOW_MS
+        keep = next((i for i, e in enumerate(window) if e[0] >= start), len(window))
+        del window[:min(keep, max(0, len(window) - growth.GROWTH_MIN_POINTS))]
+        if growth.thin_append(self.trajectory, point, self.trajectory_spacing_ms):
+            if len(self.trajectory) > growth.TRAJECTORY_POINTS:
+                self.trajectory = growth.halve(self.trajectory)
+                self.trajectory_spacing_ms *= 2
+            self.trajectory = [e for e in self.trajectory if e[0] >= ts - LONG_WINDOW_MS]
+
+    def _growth_features(self, key: str, prefix: str) -> dict[str, float | None]:
+        """The growth test and the shape of the growth of the job's state (``key`` JOB) or a vertex's."""
+        def series(entries: list) -> list:
+            return [[e[0], e[1] if key == JOB else e[2].get(key)] for e in entries]
+
+        points = series(self.growth_window)
+        bounds = growth.growth_bounds(points)
+        recent = growth.recent_growth_low(points)
+        # Refitted every few points the history gains (or when it is thinned), not at every checkpoint.
+        stamp = [len(self.trajectory) // growth.REFIT_POINTS, self.trajectory_spacing_ms,
+                 self.trajectory[0][0] if self.trajectory else None]
+        cached = self.trajectory_fits.get(key)
+        if cached is None or cached[0] != stamp:
+            cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(series(self.trajectory))]
+        fit = cached[1]
+        filling = growth.fills_toward_plateau(fit, bounds)
+        return {f"{prefix}growth_low_per_h": bounds[1] if bounds else None,
+                f"{prefix}growth_high_per_h": bounds[2] if bounds else None,
+                f"{prefix}recent_growth_low_per_h": recent,
+                f"{prefix}filling": (1.0 if filling else 0.0) if fit is not None else None,
+                f"{prefix}plateau_bytes": fit["plateau"] if filling else None,
+                f"{prefix}plateau_eta_s": fit["plateau_eta_s"] if filling else None}
 
     def _job_status(self, event: dict) -> None:
         ts = int(event["ts"])
@@ -681,6 +728,7 @@ class JobFeatureState:
         f["state_rel_slope_long_per_h"], f["state_r2_long"], f["state_deceleration"] = self._long_trends(JOB)
         f["state_over_prior_max"] = _over(f["state_size_bytes"], self.retired_max.get(JOB))
         f["state_over_plateau"] = _over(f["state_size_bytes"], self.plateau.get(JOB))
+        f.update(self._growth_features(JOB, "state_"))
         steps = [b[1] - a[1] for a, b in zip(short, short[1:])]
         f["state_frac_increasing"] = sum(s > 0 for s in steps) / len(steps) if steps else None
         f["checkpointed_rel_slope_per_h"], _ = relative_trend([[e[0], e[2]] for e in self.completed])
@@ -739,6 +787,7 @@ class JobFeatureState:
         f["vertex_state_over_prior_max"] = _over(f["vertex_state_size_bytes"], self.retired_max.get(vid))
         f["vertex_state_over_plateau"] = _over(f["vertex_state_size_bytes"], self.plateau.get(vid))
         f["vertex_state_rel_slope_per_h"], f["vertex_state_r2"] = relative_trend(short)
+        f.update(self._growth_features(vid, "vertex_state_"))
         (f["vertex_state_rel_slope_long_per_h"], f["vertex_state_r2_long"],
          f["vertex_state_deceleration"]) = self._long_trends(vid)
         limit = self._limit()

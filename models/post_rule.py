@@ -17,12 +17,17 @@ to be warm-up unless
 * the job's state limit is forecast to be reached before the horizon is over (a warm-up that
   runs into its limit fails its checkpoints all the same).
 
-Past the horizon, the leak is judged on the growth after it: the state must still be growing
-now, by at least ``min_growth_per_h`` of itself per hour over the last checkpoints, so a warm-up
-that reached its plateau is over however steep the climb before it was, and a slow leak that
-follows a fast warm-up is one however much the growth slowed. Growth resumed after a plateau and
-a limit in reach are judged as above. And a trend fitted to fewer than ``min_checkpoints``
-checkpoints (a job the sentinel has only just started to watch) decides nothing.
+Past the horizon, the leak is judged on the growth after it, as the leak family defines it
+(:func:`pipelines.families.state_leak.still_growing`: at least ``min_growth_per_h`` of itself
+per hour over a window of time with 95 % confidence, and still rising since its last change of
+pace), for ``confirm_after_horizon_s`` past the horizon (a warm-up whose plateau comes just after
+the horizon the operator declared is not a leak yet), and unless the state decelerates toward a
+plateau below its limit (:func:`~pipelines.families.state_leak.fills_below_limit`: a bounded key
+space filling). So a warm-up that reached its plateau is over however steep the climb before it
+was, and a slow leak that follows a fast warm-up is one however much the growth slowed. Growth
+resumed after a plateau and a limit in reach are judged as above. And a trend fitted to fewer
+than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch) decides
+nothing.
 
 A rule may hold back for a **start-up** time after the job (re)started (``startup_s``): Flink's
 rates are meters over the last minute, so for a minute after a start they ramp up unevenly across
@@ -60,13 +65,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from pipelines.families.state_leak import GROWTH_COLUMNS, SHAPE_COLUMNS, fills_below_limit, still_growing
+
 # Operators' rule of thumb when nothing else is known: a few minutes covers TTLs and windows of
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
-GROWTH_COLUMNS = ("vertex_state_rel_slope_per_h", "state_rel_slope_per_h")  # the vertex's, else the job's
-GUARD_COLUMNS = ("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau",
-                 "state_over_plateau") + GROWTH_COLUMNS
+GUARD_COLUMNS = tuple(dict.fromkeys(("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau",
+                                      "state_over_plateau") + GROWTH_COLUMNS + SHAPE_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,7 @@ class PostRule:
     startup_s: float = 0.0  # no decision this soon after the job (re)started
     decisive: tuple[tuple[str, float], ...] = ()
     refused_by: tuple[tuple[str, float], ...] = ()
+    confirm_after_horizon_s: float = 0.0  # with the guard: growth must go on this long past the horizon
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -205,7 +212,7 @@ class PostRule:
         age = np.nan_to_num(c["job_age_s"], nan=0.0) if "job_age_s" in c else np.zeros(len(horizon_s))
         running = np.zeros(len(age), dtype=bool)
         if self.warmup_guard:
-            running |= age < horizon_s
+            running |= age < horizon_s + self.confirm_after_horizon_s
         if self.startup_s:
             running |= age < self.startup_s
         return running
@@ -219,25 +226,24 @@ class PostRule:
     def _past_warmup(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
         """True where the warm-up guard lets a decision through (NaN: unknown)."""
         age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
-        young = age < horizon_s
         over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
         resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
-        growing = self._growing(c)
+        growing = self._growing(c) & ~fills_below_limit(c)
+        confirmed = age >= horizon_s + self.confirm_after_horizon_s
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
         seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
-        return (((~young) & growing) | resumed | limit_soon) & seen
+        return ((confirmed & growing) | resumed | limit_soon) & seen
 
     def sustains(self, row: Mapping[str, Any]) -> bool:
         """Whether an open incident of this rule's family still holds at ``row`` whatever its
         score: a leak (the rule with the warm-up guard) is over when its state stops growing, not
-        when a score dips while it still grows by ``min_growth_per_h``."""
+        when a score dips while it still grows (:meth:`_growing`)."""
         return self.warmup_guard and bool(self._growing({c: np.array([_value(row, c)]) for c in GROWTH_COLUMNS})[0])
 
     def _growing(self, c: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Where the state still grows by ``min_growth_per_h`` of itself per hour (NaN: it does not)."""
-        slope = _vertex_else_job(*(c[name] for name in GROWTH_COLUMNS))
-        return np.nan_to_num(slope, nan=-np.inf) >= self.min_growth_per_h
+        """Where the state still grows (the leak family's definition, at ``min_growth_per_h``)."""
+        return still_growing(c, self.min_growth_per_h)
 
     # --- persistence ------------------------------------------------------------------------------
 

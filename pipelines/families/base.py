@@ -164,6 +164,11 @@ class Family:
         """What holds a suspected incident back, in words."""
         return "its start-up time"
 
+    def cleared_resolution(self, record: Mapping[str, Any]) -> str | None:
+        """The ``resolution`` an incident of it carries when its condition cleared (None: it
+        simply cleared)."""
+        return None
+
     # --- the static alarm operators use today ---------------------------------------------------
 
     def static_alarm(self, frame: pd.DataFrame, thresholds: Any) -> np.ndarray:

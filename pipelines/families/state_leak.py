@@ -21,6 +21,48 @@ NAME = "state_leak"
 # What :meth:`StateLeak.limit_eta_s` reads.
 LIMIT_COLUMNS = ("vertex_state_size_bytes", "state_size_bytes", "vertex_state_rel_slope_per_h", "state_rel_slope_per_h")
 
+# --- whether the state still grows: one definition for opening, sustaining and resolving ---------
+# Each is the vertex's where known, else the job's (feature_store/trajectory.py computes them).
+GROWTH_LOW = ("vertex_state_growth_low_per_h", "state_growth_low_per_h")
+RECENT_GROWTH_LOW = ("vertex_state_recent_growth_low_per_h", "state_recent_growth_low_per_h")
+FILLING = ("vertex_state_filling", "state_filling")
+PLATEAU_ETA = ("vertex_state_plateau_eta_s", "state_plateau_eta_s")
+PLATEAU = ("vertex_state_plateau_bytes", "state_plateau_bytes")
+SIZE = ("vertex_state_size_bytes", "state_size_bytes")
+GROWTH_COLUMNS = GROWTH_LOW + RECENT_GROWTH_LOW
+SHAPE_COLUMNS = FILLING + PLATEAU_ETA + PLATEAU + SIZE + ("vertex_limit_ratio", "limit_ratio", "limit_eta_s")
+
+
+def _pick(c: Mapping[str, np.ndarray], names: tuple[str, str]) -> np.ndarray:
+    return vertex_else_job(c[names[0]], c[names[1]])
+
+
+def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float) -> np.ndarray:
+    """Where the state still grows: over the growth window (two minutes of checkpoints, at least
+    six) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, and since its
+    last change of pace by more than nothing with 95 % confidence. Noise on a flat state leaves
+    the first bound below the minimum; a state that stopped fails the second within a few
+    checkpoints. Unknown (too few checkpoints): not growing."""
+    low = np.nan_to_num(_pick(c, GROWTH_LOW), nan=-np.inf)
+    recent = np.nan_to_num(_pick(c, RECENT_GROWTH_LOW), nan=-np.inf)
+    return (low >= min_growth_per_h) & (recent > 0.0)
+
+
+def fills_below_limit(c: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Where the state decelerates toward a plateau it reaches before any limit: a bounded key
+    space filling, windows filling, TTLs beginning to expire. A limit in sight sooner than the
+    plateau (``limit_eta_s``, the job's or the operator's), or a plateau over the job's limit
+    (its largest subtask's share of it), makes the fill a leak all the same."""
+    filling = np.nan_to_num(_pick(c, FILLING), nan=0.0) >= 1.0
+    plateau_eta = np.nan_to_num(_pick(c, PLATEAU_ETA), nan=np.inf)
+    limit_eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
+    size = _pick(c, SIZE)
+    ratio = vertex_else_job(c["vertex_limit_ratio"], c["limit_ratio"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        plateau_over_limit = _pick(c, PLATEAU) * ratio / size
+    over = np.nan_to_num(plateau_over_limit, nan=0.0) >= 1.0
+    return filling & (limit_eta > plateau_eta) & ~over
+
 
 class StateLeak(Family):
     def severity(self, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:
@@ -32,8 +74,11 @@ class StateLeak(Family):
         slope = num(row, "vertex_state_rel_slope_per_h") or num(row, "state_rel_slope_per_h") or 0.0
         size = num(row, "vertex_state_size_bytes") or num(row, "state_size_bytes")
         eta = f", limit in {human_duration(forecast['eta_ms'] / 1000)}" if forecast else ", no known limit"
-        return (f"[{severity}] state leak in {where}: state {mb(size)} growing {slope * 100:.0f}%/h without "
-                f"levelling off{eta}; set state TTL or clear keys")
+        plateau, plateau_eta = num(row, PLATEAU[0]) or num(row, PLATEAU[1]), num(row, PLATEAU_ETA[0]) or num(row, PLATEAU_ETA[1])
+        shape = (f"decelerating, levelling off at {mb(plateau)} in ~{human_duration(plateau_eta)}"
+                 if plateau and plateau_eta is not None else "without levelling off")
+        return (f"[{severity}] state leak in {where}: state {mb(size)} growing {slope * 100:.0f}%/h {shape}{eta}; "
+                "set state TTL or clear keys")
 
     def runbook_for(self, row: Mapping[str, Any]) -> list[str]:
         steps = list(self.runbook)
@@ -64,6 +109,10 @@ class StateLeak(Family):
 
     def guard_text(self, warmup_horizon_s: float) -> str:
         return f"its {warmup_horizon_s:.0f} s warm-up horizon"
+
+    def cleared_resolution(self, record: Mapping[str, Any]) -> str | None:
+        # A leak clears when its state stops growing: it levelled off (or was fixed).
+        return "levelled_off"
 
     def static_alarm(self, frame: pd.DataFrame, thresholds: Any) -> np.ndarray:
         # An operator's checkpointed state above a fixed size, or a straight line up with a good fit.
@@ -96,8 +145,9 @@ FAMILY = StateLeak(
     # No monotone signs: a warm-up and a leak differ in how growth, fit and deceleration combine;
     # constrained, the leak detector fired on a simulated CEP warm-up and missed linear leaks.
     # A decision on a job younger than its warm-up horizon needs growth after a plateau or its
-    # limit in sight (the horizon itself comes from the config).
-    post_rule=(("warmup_guard", True),),
+    # limit in sight (the horizon itself comes from the config); past it, growth that goes on for
+    # 45 s more (a TTL warm-up whose plateau comes just after a declared horizon is not a leak).
+    post_rule=(("warmup_guard", True), ("confirm_after_horizon_s", 45.0)),
     recent_column="vertex_state_size_bytes",
     runbook=(
         "Find the operator whose state grows (evidence: vertex) and the state it keeps per key.",

@@ -9,7 +9,9 @@ One open incident per (job, family, vertex). Per entity, in event-time order:
   joins it;
 * ``resolved`` once the rule has not held for ``resolve_after_s`` of event time, or at once when
   the job reaches a terminal state (finished, cancelled, failed). An open leak holds while its
-  state still grows (:meth:`PostRule.sustains`), whatever its score.
+  state still grows (:meth:`PostRule.sustains`), whatever its score, and resolves with
+  ``resolution: levelled_off`` once it has not grown for ``resolve_after_s``; growth that resumes
+  opens a new incident.
 
 A decision a guard still holds back (a warm-up horizon, a start-up time) is a *suspicion*, kept
 in the entity's state and published only if the job ends or goes away first: an ``info``
@@ -506,6 +508,9 @@ def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, 
     open_["clear_since"] = open_["clear_since"] if open_["clear_since"] is not None else ts
     if terminal or ts - open_["clear_since"] >= settings.resolve_after_ms:
         event = _event("resolved", entity, record, None, open_["severity"])
+        resolution = None if terminal else BY_NAME[family].cleared_resolution(record)
+        if resolution:
+            event["resolution"] = resolution  # e.g. a leak whose state levelled off
         entity["open"] = None
         return [event]
     return []

@@ -61,6 +61,9 @@ def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_pla
         "vertex_state_over_plateau": [None, None, None, 1.2, None, None, 1.01, 1.3, 1.0],
         # Its growth over the last checkpoints, per hour (past the horizon, a leak still grows now).
         "vertex_state_rel_slope_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5],
+        # Its growth's lower bounds over the window and since its last change of pace (the leak family's test).
+        "vertex_state_growth_low_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5],
+        "vertex_state_recent_growth_low_per_h": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -0.01, 0.0, 1.0],
         # The slow leak's growth fell to a fifth of the warm-up's: still a leak.
         "vertex_state_deceleration": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.2],
         # The limit is reached within what is left of the 180 s horizon (80 s), or not.

@@ -195,7 +195,8 @@ def test_a_job_has_one_backpressure_incident_and_the_cascade_joins_it():
 def test_operator_knowledge_per_job_overrides_the_defaults():
     young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "job_age_checkpoints": 20, "vertex_state_deceleration": 1.0,
                     "vertex_state_over_plateau": None,
-                    "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 20.0}
+                    "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 20.0,
+                    "vertex_state_growth_low_per_h": 19.0, "vertex_state_recent_growth_low_per_h": 18.0}
     guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
     rows, scores = rows_and_scores([(m, 0.9) for m in range(4)], **young_growth)
     # The default 180 s horizon: growth past it is a leak.
@@ -361,16 +362,23 @@ def test_incident_times_stay_ordered_over_a_replay_of_rows_out_of_order(seed):
 
 def test_a_leak_stays_open_while_its_state_still_grows_though_its_score_dips_and_ends_at_its_plateau():
     """A slow leak after a fast warm-up: the detector's score may fall while the state keeps
-    growing; the incident ends when the growth does (the rule's min_growth_per_h), not before."""
+    growing; the incident ends when the growth does (the leak family's growth test), not before,
+    and says it levelled off."""
     guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
     minutes = list(range(4, 40))
     scores = [0.9 if m < 6 else 0.1 for m in minutes]
-    slopes = [1.5 if m < 25 else 0.001 for m in minutes]  # growing 150 %/h, then a plateau from minute 25
+    # Growing 150 %/h (its lower bound), then a plateau from minute 25: no growth since its last change of pace.
+    low = [1.5 if m < 25 else 0.001 for m in minutes]
+    recent = [1.2 if m < 25 else -0.02 for m in minutes]
     rows, scored = rows_and_scores(list(zip(minutes, scores)), job_age_s=[m * 60.0 for m in minutes],
                                    job_age_checkpoints=50, vertex_state_over_plateau=None, vertex_state_size_bytes=1e6,
-                                   vertex_state_rel_slope_per_h=slopes)
+                                   vertex_state_growth_low_per_h=low, vertex_state_recent_growth_low_per_h=recent)
     events = step({}, rows, scored, guarded, SETTINGS)
     assert [(e["event"], e["updated_at"] // MIN) for e in events] == [("opened", 4), ("resolved", 35)]
+    assert events[-1]["resolution"] == "levelled_off"
     # A rule without the leak's guard never sustains anything: the score decides.
-    assert not PostRule(0.5, 1, 1).sustains({"vertex_state_rel_slope_per_h": 9.0})
-    assert guarded["state_leak"].sustains({"vertex_state_rel_slope_per_h": None, "state_rel_slope_per_h": 0.06})
+    assert not PostRule(0.5, 1, 1).sustains({"vertex_state_growth_low_per_h": 9.0, "vertex_state_recent_growth_low_per_h": 9.0})
+    # The vertex's growth where known, else the job's; growth that stopped since its last change of pace does not hold.
+    assert guarded["state_leak"].sustains({"vertex_state_growth_low_per_h": None, "state_growth_low_per_h": 0.06,
+                                           "vertex_state_recent_growth_low_per_h": None, "state_recent_growth_low_per_h": 0.01})
+    assert not guarded["state_leak"].sustains({"vertex_state_growth_low_per_h": 0.9, "vertex_state_recent_growth_low_per_h": -0.1})

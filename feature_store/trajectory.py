@@ -1,0 +1,285 @@
+"""A state's trajectory: how fast it grows now, with what confidence, and where it levels off.
+
+Two questions a leak detector must answer without being fooled by noise:
+
+* **Does the state still grow?** :func:`growth_bounds` fits a line to the state over a window of
+  *time* (:data:`GROWTH_WINDOW_MS`, extended to :data:`GROWTH_MIN_POINTS` checkpoints when they
+  come slower than that), so it means the same at a 200 ms and a 60 s interval, and returns the
+  relative slope with its confidence bounds. Checkpoint sizes wobble with the input and with
+  RocksDB's flushes, and consecutive wobbles are alike, so the slope's standard error is widened
+  by the residuals' lag-1 autocorrelation (fewer independent points than checkpoints). A flat
+  state's wiggle gives bounds around zero; a slow leak's bounds sit above zero once the window
+  has seen enough of it.
+* **What shape is the growth?** :func:`trajectory_fit` compares, over the job's history, a line
+  with growth that decelerates toward an asymptote (``A - B exp(-t / tau)``: a bounded key space
+  filling, windows filling, TTLs beginning to expire). When the saturating curve explains the
+  data far better than the line, has bent within the data, and leaves no significant linear
+  growth beside it (``a + c t - B exp(-t / tau)``: a slow leak on top of a warm-up), the state
+  is filling toward ``A``: it says where it levels off and when.
+
+Pure functions of ``[(ts_ms, value), ...]``, no I/O: plain Python over the few dozen points of
+the growth window, numpy for the history's curve fits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+GROWTH_WINDOW_MS = 120_000  # "still growing": the slope over the last two minutes
+RECENT_MIN_SPAN_MS = 15_000  # growth since its last change of pace, over at least this long
+GROWTH_MIN_POINTS = 10  # the window reaches back at least this many checkpoints (a 60 s interval: ten minutes)
+RECENT_MIN_POINTS = 4
+WINDOW_POINTS = 40  # the growth window's buffer is thinned to about this many points
+TRAJECTORY_POINTS = 64  # the history's buffer: thinned by halves to at most this many points
+TRAJECTORY_MIN_POINTS = 12
+REFIT_POINTS = 4  # the history's curve is fitted again after this many new points
+TRAJECTORY_MIN_SPAN_MS = 120_000
+# Saturating curves tried, as fractions of the history's span: up to one and a half spans, a fill
+# seen for a fraction of its time constant already bends measurably; beyond, it is a line.
+TAU_FRACTIONS = np.geomspace(0.03, 1.5, 32)
+SATURATING_SSE_RATIO = 0.5  # the curve must leave at most half the line's squared error
+PLATEAU_WITHIN = 0.01  # "levelled off": within 1 % of the asymptote
+# Linear growth beside the curve that makes it a leak after all: the leak rule's minimum growth.
+LINEAR_BESIDE_PER_H = 0.05
+FINE_TAUS = 25  # the time constants tried between the grid's neighbours of its best
+NOISE_FLOOR = 0.002  # of the state's mean, for the curve's fits
+BEND_NOISE_FLOOR = 0.0002  # and for the bend's: a stop is a sharp feature of a few points
+MIN_AUTOCORRELATION, MAX_AUTOCORRELATION = 0.0, 0.9
+# Two-sided 95 % quantiles of Student's t by degrees of freedom (2.0 beyond the table).
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+        12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+
+
+def t95(dof: int) -> float:
+    """Student's t two-sided 95 % quantile for ``dof`` degrees of freedom (the table's entry at or
+    below it: conservative between entries)."""
+    if dof <= 0:
+        return math.inf
+    if dof > 30:
+        return 2.0
+    return _T95[max(d for d in _T95 if d <= dof)]
+
+
+def window(points: Sequence[Sequence[float]], span_ms: float, min_points: int) -> list:
+    """The trailing points covering ``span_ms`` of time, or the last ``min_points`` if that is more."""
+    if not points:
+        return []
+    start = points[-1][0] - span_ms
+    first = len(points)
+    while first > 0 and points[first - 1][0] >= start:
+        first -= 1
+    return list(points[min(first, max(0, len(points) - min_points)):])
+
+
+def growth_bounds(points: Sequence[Sequence[float]]) -> tuple[float, float, float] | None:
+    """(slope, lower, upper): the least-squares slope of ``points`` (``[(ts_ms, value), ...]``,
+    None values skipped) per hour relative to their mean, with its 95 % confidence bounds widened
+    for autocorrelated residuals; None with fewer than three points, no spread in time or a mean
+    that is not positive."""
+    xs, ys = [], []
+    for point in points:
+        if point[1] is not None:
+            xs.append(point[0] / 3_600_000.0)
+            ys.append(float(point[1]))
+    n = len(xs)
+    if n < 3:
+        return None
+    mx, my = sum(xs) / n, sum(ys) / n
+    if my <= 0:
+        return None
+    sxx = sxy = 0.0
+    for x, y in zip(xs, ys):
+        sxx += (x - mx) * (x - mx)
+        sxy += (x - mx) * (y - my)
+    if sxx <= 0:
+        return None
+    slope = sxy / sxx
+    residuals = [y - my - slope * (x - mx) for x, y in zip(xs, ys)]
+    rss = sum(r * r for r in residuals)
+    lag = sum(a * b for a, b in zip(residuals, residuals[1:]))
+    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, lag / rss)) if rss > 0 else 0.0
+    se = math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
+    half = t95(n - 2) * se
+    return slope / my, (slope - half) / my, (slope + half) / my
+
+
+def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
+    """The lower 95 % bound of the state's growth *since its last change of pace*, per hour
+    relative to its mean: a line with a bend (a hinge) is fitted to the growth window, the bend
+    anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS` and :data:`RECENT_MIN_POINTS` after
+    it, and where the bend explains the data better than a straight line (an F-test), the slope
+    after it is judged; else the whole line's. A state that grew and then stopped reads as
+    stopped from a few checkpoints after it stopped, not once the window has forgotten the climb."""
+    pts = [(p[0], p[1]) for p in points if p[1] is not None]
+    n = len(pts)
+    if n < 3:
+        return None
+    t = (np.array([p[0] for p in pts], dtype="float64") - pts[0][0]) / 3_600_000.0  # from the first: well conditioned
+    y = np.array([p[1] for p in pts], dtype="float64")
+    mean = float(y.mean())
+    if mean <= 0 or float(t[-1] - t[0]) <= 0:
+        return None
+    line = growth_bounds(pts)
+    last = t[-1] - RECENT_MIN_SPAN_MS / 3_600_000.0
+    breaks = [b for b in range(1, n - RECENT_MIN_POINTS + 1) if t[b] <= last]
+    if n < 6 or not breaks:
+        return line[1] if line else None
+    tc = t - t.mean()
+    line_rss = float(((y - y.mean() - (tc @ (y - y.mean())) / (tc @ tc) * tc) ** 2).sum())
+    # Every candidate bend at once: y = a + s t + d max(t - t_b, 0), one 3 x 3 system per bend.
+    after = np.maximum(t[None, :] - t[breaks][:, None], 0.0)  # k x n
+    k = len(breaks)
+    normal = np.empty((k, 3, 3))
+    normal[:, 0, 0], normal[:, 0, 1], normal[:, 1, 1] = n, t.sum(), t @ t
+    normal[:, 0, 2], normal[:, 1, 2], normal[:, 2, 2] = after.sum(axis=1), after @ t, (after * after).sum(axis=1)
+    normal[:, 1, 0], normal[:, 2, 0], normal[:, 2, 1] = normal[:, 0, 1], normal[:, 0, 2], normal[:, 1, 2]
+    rhs = np.stack([np.full(k, y.sum()), np.full(k, t @ y), after @ y], axis=1)
+    try:
+        beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]
+        inverse = np.linalg.inv(normal)
+    except np.linalg.LinAlgError:
+        return line[1] if line else None
+    residuals = y[None, :] - beta[:, :1] - beta[:, 1:2] * t[None, :] - beta[:, 2:3] * after
+    rss_all = (residuals * residuals).sum(axis=1)
+    i = int(np.argmin(rss_all))
+    rss, b, r = float(rss_all[i]), breaks[i], residuals[i]
+    floor = n * (BEND_NOISE_FLOOR * mean) ** 2
+    if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
+        return line[1] if line else None  # no bend the data insist on: the whole window's slope
+    # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
+    cov = inverse[i] * max(rss, floor) / (n - 3)
+    tail = r[b:]
+    tail_ss = float(tail @ tail)
+    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(tail[1:] @ tail[:-1]) / tail_ss)) if tail_ss > 0 else 0.0
+    variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
+    slope = float(beta[i, 1] + beta[i, 2])
+    return (slope - t95(n - 3) * math.sqrt(max(variance, 0.0))) / mean
+
+
+def _best_tau(t: np.ndarray, y: np.ndarray, span: float) -> tuple[float, float, float, float]:
+    """(tau, A, B, rss) of the best ``y = A + B exp(-t / tau)`` over the grid of time constants,
+    every one fitted at once (closed-form least squares per column)."""
+    taus = TAU_FRACTIONS * span
+    x = np.exp(-t[:, None] / taus[None, :])
+    dx = x - x.mean(axis=0)
+    dy = y - y.mean()
+    sxx = (dx * dx).sum(axis=0)
+    b = np.divide(dx.T @ dy, sxx, out=np.zeros_like(sxx), where=sxx > 0)
+    a = y.mean() - b * x.mean(axis=0)
+    rss = ((y[:, None] - a[None, :] - b[None, :] * x) ** 2).sum(axis=0)
+    i = int(np.argmin(rss))
+    return float(taus[i]), float(a[i]), float(b[i]), float(rss[i])
+
+
+def trajectory_fit(points: Sequence[Sequence[float]]) -> dict | None:
+    """The shape of the growth over ``points`` (``[(ts_ms, value), ...]`` since the job started,
+    thinned): ``{"saturating": bool, "plateau": A, "plateau_eta_s": seconds until within
+    :data:`PLATEAU_WITHIN` of it from the last point, "curve_growth_per_h": the curve's relative
+    growth in the middle of the growth window}`` (None but ``saturating`` unless it saturates); None with too short
+    a history. Whether the state's growth *now* agrees with the curve is the caller's to check
+    (:func:`fills_toward_plateau`).""" 
+    pts = [(p[0], p[1]) for p in points if p[1] is not None]
+    if len(pts) < TRAJECTORY_MIN_POINTS or pts[-1][0] - pts[0][0] < TRAJECTORY_MIN_SPAN_MS:
+        return None
+    t = (np.array([p[0] for p in pts], dtype="float64") - pts[0][0]) / 1000.0
+    y = np.array([p[1] for p in pts], dtype="float64")
+    n, span, mean = len(t), float(t[-1]), float(y.mean())
+    not_saturating = {"saturating": False, "plateau": None, "plateau_eta_s": None, "curve_growth_per_h": None}
+    if mean <= 0 or float(y.max() - y.min()) <= 0:
+        return not_saturating
+    line = np.polyfit(t, y, 1)
+    line_rss = float(((y - np.polyval(line, t)) ** 2).sum())
+    tau, plateau, amplitude, rss = _best_tau(t, y, span)
+    rising = amplitude < 0 and plateau > 0  # A - |B| exp(-t/tau): filling toward A
+    if not (rising and rss <= SATURATING_SSE_RATIO * line_rss) or _linear_growth_beside(t, y, span, mean):
+        return not_saturating
+    # The curve reaches within PLATEAU_WITHIN of A at tau * ln(|B| / (PLATEAU_WITHIN * A)).
+    reach = tau * math.log(max(abs(amplitude) / (PLATEAU_WITHIN * plateau), 1.0))
+    # The curve's growth where the growth window's slope applies (its middle): decelerating
+    # growth is faster there than at the last point.
+    at = max(0.0, span - GROWTH_WINDOW_MS / 2000.0)
+    level = plateau + amplitude * math.exp(-at / tau)
+    growth_now = -amplitude / tau * math.exp(-at / tau) * 3600.0 / level if level > 0 else math.inf
+    return {"saturating": True, "plateau": plateau, "plateau_eta_s": max(0.0, reach - span),
+            "curve_growth_per_h": growth_now}
+
+
+def fills_toward_plateau(fit: dict | None, growth: tuple[float, float, float] | None) -> bool:
+    """Whether the state is filling toward the curve's plateau: the history saturates and the
+    growth now (:func:`growth_bounds` over the recent window) is no faster than the curve says
+    (at most half as fast again, or 5 %/h more). Growth that goes on at its pace after the curve
+    has bent (a slow leak after a TTL warm-up) is not a fill."""
+    if not fit or not fit["saturating"]:
+        return False
+    if growth is None:
+        return True
+    expected = fit["curve_growth_per_h"]
+    return growth[1] <= max(1.5 * expected, expected + LINEAR_BESIDE_PER_H)
+
+
+def _with_line(t: np.ndarray, y: np.ndarray, taus: np.ndarray, mean: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """(rss, lower bound of c) of ``a + c t + b exp(-t / tau)`` for every ``tau`` at once; the
+    bound at 95 % with its error widened for autocorrelated residuals."""
+    n = len(t)
+    x = np.exp(-t[:, None] / taus[None, :])  # n x k
+    k = len(taus)
+    normal = np.empty((k, 3, 3))
+    normal[:, 0, 0], normal[:, 0, 1], normal[:, 1, 1] = n, t.sum(), t @ t
+    normal[:, 0, 2], normal[:, 1, 2], normal[:, 2, 2] = x.sum(axis=0), t @ x, (x * x).sum(axis=0)
+    normal[:, 1, 0], normal[:, 2, 0], normal[:, 2, 1] = normal[:, 0, 1], normal[:, 0, 2], normal[:, 1, 2]
+    rhs = np.stack([np.full(k, y.sum()), np.full(k, t @ y), y @ x], axis=1)
+    try:
+        beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]  # k x 3
+        inverse_cc = np.linalg.inv(normal)[:, 1, 1]
+    except np.linalg.LinAlgError:
+        return None
+    residuals = y[:, None] - beta[:, 0][None, :] - beta[:, 1][None, :] * t[:, None] - beta[:, 2][None, :] * x
+    # Checkpoint sizes are never exact to better than a fraction of a per cent (keys arrive at
+    # random, serialisation pads): below that floor a residual says nothing about the model.
+    rss = np.maximum((residuals * residuals).sum(axis=0), n * (NOISE_FLOOR * mean) ** 2)
+    lag = (residuals[1:] * residuals[:-1]).sum(axis=0)
+    rho = np.clip(np.divide(lag, rss, out=np.zeros_like(rss), where=rss > 0), MIN_AUTOCORRELATION, MAX_AUTOCORRELATION)
+    se = np.sqrt(np.maximum(rss / (n - 3) * inverse_cc * (1 + rho) / (1 - rho), 0.0))
+    return rss, beta[:, 1] - t95(n - 3) * se
+
+
+def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, mean: float) -> bool:
+    """Whether ``a + c t + b exp(-t / tau)`` has a linear growth ``c`` of at least
+    :data:`LINEAR_BESIDE_PER_H` of the state with 95 % confidence for every plausible ``tau``
+    (those whose fit is within an F-test's reach of the best: F(1, n - 3)'s 95 % point is
+    t95(n - 3) squared), ``tau`` searched on the grid and then finely around its best: ``c``
+    trades off against ``tau``, so a coarse grid would read a ``tau`` slightly off as growth.
+    A slow leak on top of a warm-up that levels off, which the saturating curve alone hides."""
+    n = len(t)
+    if n <= 5:
+        return False
+    coarse = TAU_FRACTIONS * span
+    found = _with_line(t, y, coarse, mean)
+    if found is None:
+        return False
+    i = int(np.argmin(found[0]))
+    fine = np.geomspace(coarse[max(i - 1, 0)], coarse[min(i + 1, len(coarse) - 1)], FINE_TAUS)
+    refined = _with_line(t, y, fine, mean)
+    if refined is None:
+        return False
+    rss = np.r_[found[0], refined[0]]
+    lower = np.r_[found[1], refined[1]]
+    plausible = rss <= rss.min() * (1.0 + t95(n - 3) ** 2 / (n - 3))
+    return bool((lower[plausible] > LINEAR_BESIDE_PER_H * mean / 3600.0).all())
+
+
+def thin_append(buffer: list, entry: list, spacing_ms: float) -> bool:
+    """Append ``entry`` (time first) if it is at least ``spacing_ms`` after the buffer's last."""
+    if not buffer or entry[0] - buffer[-1][0] >= spacing_ms:
+        buffer.append(entry)
+        return True
+    return False
+
+
+def halve(buffer: list) -> list:
+    """Every other entry, the last kept: the history's buffer at twice the spacing."""
+    kept = buffer[-1::-2][::-1]
+    return kept

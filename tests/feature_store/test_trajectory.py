@@ -1,0 +1,89 @@
+"""The growth test and the shape of growth (feature_store/trajectory.py) on series whose truth is known."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, TRAJECTORY_POINTS, fills_toward_plateau,
+                                      growth_bounds, halve, recent_growth_low, t95, trajectory_fit, window)
+
+MB = 1024 * 1024
+
+
+def series(f, seconds: float, interval_s: float, seed: int = 0) -> list[list[float]]:
+    """``[(ts_ms, f(t, rng)), ...]`` every ``interval_s`` for ``seconds``."""
+    rng = random.Random(seed)
+    return [[round(i * interval_s * 1000), f(i * interval_s, rng)] for i in range(1, int(seconds / interval_s) + 1)]
+
+
+def growing(points) -> bool:
+    """The leak family's test at 5 %/h: the window's lower bound, and growth since its last change of pace."""
+    recent = window(points, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)
+    bounds, since = growth_bounds(recent), recent_growth_low(recent)
+    return bool(bounds and since is not None and bounds[1] >= 0.05 and since > 0)
+
+
+def thinned(points, n=TRAJECTORY_POINTS):
+    while len(points) > n:
+        points = halve(points)
+    return points
+
+
+@pytest.mark.parametrize("interval_s", [0.2, 3.0, 60.0])
+def test_a_flat_state_that_wiggles_does_not_grow_at_any_interval(interval_s):
+    flat = series(lambda t, r: 7 * MB * (1 + 0.0005 * r.gauss(0, 1)), 30 * 60, interval_s)
+    verdicts = [growing(flat[:i]) for i in range(GROWTH_MIN_POINTS, len(flat), max(1, len(flat) // 200))]
+    assert not any(verdicts)
+
+
+@pytest.mark.parametrize("interval_s", [0.2, 3.0, 60.0])
+def test_a_slow_leak_grows_at_any_interval(interval_s):
+    # 2.7 KB/s on a few MB: over 100 %/h, with RocksDB-like 2 % noise.
+    leak = series(lambda t, r: (2.4 * MB + 2700 * t) * (1 + 0.02 * r.gauss(0, 1)), 40 * 60, interval_s)
+    verdicts = [growing(leak[:i]) for i in range(len(leak) // 2, len(leak), max(1, len(leak) // 100))]
+    assert sum(verdicts) >= 0.9 * len(verdicts)
+
+
+def test_growth_that_stops_reads_as_stopped_within_a_few_checkpoints_not_a_window_later():
+    climb = series(lambda t, r: 1 * MB + 10_000 * min(t, 300) + 200 * r.gauss(0, 1), 420, 3.0)
+    assert growing([p for p in climb if p[0] <= 300_000])
+    stopped_at = next(p[0] for p in climb if p[0] > 300_000 and not growing([q for q in climb if q[0] <= p[0]]))
+    assert stopped_at - 300_000 <= 30_000  # the window is two minutes: its plain slope would take about that
+
+
+def test_the_slope_s_bounds_widen_with_noise_and_hold_the_true_slope():
+    line = series(lambda t, r: 1e6 + 100 * t + 5_000 * r.gauss(0, 1), 120, 2.0)
+    slope, low, high = growth_bounds(line)
+    true = 100 * 3600 / (1e6 + 100 * 61)  # per hour, over the mean
+    assert low < true < high and low < slope < high
+    quiet = growth_bounds(series(lambda t, r: 1e6 + 100 * t + 50 * r.gauss(0, 1), 120, 2.0))
+    assert quiet[2] - quiet[1] < (high - low) / 10
+    assert growth_bounds([[0, 1.0], [1, 2.0]]) is None  # too few points
+    assert t95(3) > t95(30) > 1.9
+
+
+@pytest.mark.parametrize("tau_s", [40, 90, 300])
+def test_a_bounded_key_space_filling_is_recognised_and_says_where_it_levels_off(tau_s):
+    keys = 5 * MB
+    fill = series(lambda t, r: keys * (1 - math.exp(-t / tau_s)) * (1 + 0.005 * r.gauss(0, 1)), 8 * tau_s, 3.0)
+    fit = trajectory_fit(thinned(fill))
+    assert fit["saturating"]
+    assert fit["plateau"] == pytest.approx(keys, rel=0.05)
+    assert fills_toward_plateau(fit, growth_bounds(window(fill, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)))
+
+
+def test_linear_growth_and_a_leak_beside_a_fill_are_not_fills():
+    linear = series(lambda t, r: (1 * MB + 3_000 * t) * (1 + 0.02 * r.gauss(0, 1)), 1800, 5.0)
+    assert not trajectory_fit(thinned(linear))["saturating"]
+    # A TTL warm-up that levels off at 2 MB, and 300 B/s kept forever on top of it.
+    leak_on_fill = series(lambda t, r: 2 * MB * (1 - math.exp(-t / 60)) + 300 * t + 2_000 * r.gauss(0, 1), 1800, 3.0)
+    fit = trajectory_fit(thinned(leak_on_fill))
+    assert not fills_toward_plateau(fit, growth_bounds(window(leak_on_fill, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)))
+
+
+def test_a_history_too_short_says_nothing_of_its_shape():
+    assert trajectory_fit(series(lambda t, r: 1e6 + t, 60, 3.0)) is None
+    assert not fills_toward_plateau(None, (1.0, 0.5, 1.5))
