@@ -25,12 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.config import SentinelConfig
+from pipelines.errors import SetupError
 from pipelines.io import kafka_clients
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 
-class StackError(RuntimeError):
+class StackError(SetupError, RuntimeError):
     """The stack cannot be started or stopped as asked; the message says what to do."""
 
 

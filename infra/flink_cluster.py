@@ -29,9 +29,10 @@ import yaml
 
 from infra.embedded_stack import _pid_alive, _pid_matches, _tail, port_in_use, stop_process_group
 from pipelines.config import SentinelConfig
+from pipelines.errors import SetupError
 
 
-class FlinkClusterError(RuntimeError):
+class FlinkClusterError(SetupError, RuntimeError):
     """The lab cluster cannot be set up, started or used; the message says what to do."""
 
 

@@ -27,6 +27,8 @@ from mlflow.pyfunc import PythonModel
 from models.detectors import DetectorConfig, FamilyDetector, NoveltyDetector
 from models.post_rule import PostRule
 from pipelines.config import SentinelConfig
+from pipelines.errors import SetupError
+from pipelines.io.reachability import cap_mlflow_retries
 from pipelines.io.storage import Location
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -34,7 +36,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 CHAMPION, CHALLENGER = "champion", "challenger"
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(SetupError, RuntimeError):
     """No model under that name and alias, or the registry cannot be reached."""
 
 
@@ -89,7 +91,8 @@ class LoadedDetector:
 
 
 def use_config(config: SentinelConfig) -> None:
-    """Point MLflow at the configured tracking and registry stores."""
+    """Point MLflow at the configured tracking and registry stores, its HTTP retries capped."""
+    cap_mlflow_retries()
     _check_store_support(config.mlflow.tracking_uri)
     _check_store_support(config.mlflow.registry_uri)
     mlflow.set_tracking_uri(config.mlflow.tracking_uri)

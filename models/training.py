@@ -503,3 +503,15 @@ def _log_and_register(outcome: FamilyOutcome, candidate: Candidate, splits: dict
     if outcome.promoted:
         registry.set_alias(outcome.registered_name, config.mlflow.alias, version)
     return version
+
+
+def default_datasets(config: SentinelConfig, seed: int, simulate: Callable[[Path], None]) -> list[Path]:
+    """What ``sentinel train`` trains on without ``--dataset``: a simulated dataset under the state
+    folder, made by ``simulate(folder)`` once per seed, and the real-Flink corpus
+    (``lab.corpus_dir``) when it is there. (The simulator is a layer above this one: the caller
+    hands it in.)"""
+    generated = Path(config.state_dir) / "datasets" / f"simulated-seed{seed}"
+    if not (generated / "manifest.json").is_file():
+        simulate(generated)
+    corpus = Path(config.lab.corpus_dir)
+    return [generated, corpus] if (corpus / "manifest.json").is_file() else [generated]

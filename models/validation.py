@@ -19,6 +19,8 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 import great_expectations as gx  # noqa: E402
 from great_expectations.data_context.types.base import ProgressBarsConfig  # noqa: E402
 
+from pipelines.errors import SetupError
+
 KEYS = ("cluster", "job_id", "ts", "label")
 RATIOS = ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean", "state_r2",
           "state_r2_long", "vertex_state_r2", "checkpoint_failed_fraction", "state_frac_increasing",
@@ -27,7 +29,7 @@ NON_NEGATIVE = ("state_size_bytes", "vertex_state_size_bytes", "limit_ratio", "j
                 "checkpoints_in_progress", "start_delay_max_ms", "alignment_max_ms", "records_in_max_over_mean")
 
 
-class TrainingSetInvalid(ValueError):
+class TrainingSetInvalid(SetupError, ValueError):
     """The training set broke its expectations; the message is the report."""
 
 

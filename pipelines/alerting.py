@@ -55,6 +55,7 @@ from prometheus_client.registry import Collector
 from pipelines import telemetry
 from pipelines.config import HttpClientSecurity, SentinelConfig
 from pipelines.contracts import SEVERITIES
+from pipelines.errors import SetupError
 from pipelines.families import ALERTNAMES, FAMILIES
 from pipelines.io import http_security, kafka_clients
 from pipelines.reports.incident_view import page_file
@@ -75,7 +76,7 @@ REFUSED = "refused_by_alertmanager"
 REJECT_REASONS = (UNREADABLE, INVALID_LABEL_NAME, INVALID_ANNOTATION_NAME, INVALID_TIME, REFUSED)
 
 
-class AlertmanagerUnavailable(RuntimeError):
+class AlertmanagerUnavailable(SetupError, RuntimeError):
     """No Alertmanager accepted the alerts; the message says which failed and why."""
 
 

@@ -20,6 +20,7 @@ import sys
 from pyspark.sql import SparkSession
 
 from pipelines.config import SentinelConfig
+from pipelines.errors import SetupError
 from pipelines.io.kafka_source import KafkaDataSource
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 REQUIRED_JAVA_MAJOR = 17
 
 
-class JavaMissing(RuntimeError):
+class JavaMissing(SetupError, RuntimeError):
     """No suitable Java runtime for Spark."""
 
 

@@ -21,7 +21,8 @@ PACKAGES = ("pipelines", "models", "feature_store")
 # pipelines.detection). Each layer may import its own and the ones before it, never one after it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: names, config, contracts, I/O, text", (
-        "pipelines", "pipelines.families", "pipelines.config", "pipelines.config_reference", "pipelines.contracts",
+        "pipelines", "pipelines.errors", "pipelines.durations", "pipelines.families", "pipelines.config",
+        "pipelines.config_reference", "pipelines.contracts",
         "pipelines.io", "pipelines.datasets", "pipelines.telemetry", "pipelines.display", "pipelines.spark_session")),
     ("features", ("feature_store",)),
     ("scorable models", ("models", "models.detectors", "models.post_rule", "models.registry", "models.baseline",

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pipelines.collector.mapping import FINISHED_CHECKPOINT_STATES
+from pipelines.errors import SetupError
 from pipelines.io.storage import Location
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 FORGET_AFTER_MS = 24 * 3600 * 1000
 
 
-class LedgerError(RuntimeError):
+class LedgerError(SetupError, RuntimeError):
     """The ledger file cannot be read or written; the message names it."""
 
 

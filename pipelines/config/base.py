@@ -8,10 +8,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from pipelines.errors import UsageError
 from pipelines.io.storage import is_uri, local_only, normalize
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """A configuration that cannot be used; the message names the key and what is wrong."""
 
 

@@ -149,7 +149,8 @@ class KafkaConfig(_Strict):
     fail_on_data_loss: bool = Field(True, description="Stop the query when offsets it has not read were deleted or "
                                                       "the topic was reset; false: log it and skip the lost offsets.")
     connect_timeout_s: float = Field(
-        15.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing."
+        10.0, gt=0, description="How long to wait for the broker, or a topic's metadata, before failing (a "
+                                 "command that cannot reach it ends within this and its start-up)."
     )
 
     @field_validator("bootstrap_servers")

@@ -15,7 +15,6 @@ same ids, and rewrites the feature log files named by its id. `sentinel replay`
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -44,10 +43,6 @@ from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics, MetricsServer, serve
 
 log = logging.getLogger(__name__)
-
-# MLflow's HTTP client retries for minutes by default; the job would rather score with what it has.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 DETECTION_QUERY = "detection"
 # Checkpoint folders of the job before it was one query (its own policy files, a second query):

@@ -37,6 +37,8 @@ from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.listener import JStreamingQueryListener, QueryProgressEvent
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
+from pipelines.errors import SetupError
+
 # [from, to) of PySpark's major.minor that this module was tested with: pyproject.toml's
 # ``pyspark==4.3.*``. A new minor version is added here once the contract test passes on it.
 SUPPORTED_PYSPARK = ((4, 3), (4, 4))
@@ -48,7 +50,7 @@ JOB_STATES, DUES = "jobs", "dues"  # the processor's state variables
 SPARK_HASH_SEED = 42
 
 
-class UnsupportedPySpark(RuntimeError):
+class UnsupportedPySpark(SetupError, RuntimeError):
     """The installed PySpark (or the cluster's Spark) is outside :data:`SUPPORTED_PYSPARK`."""
 
 

@@ -20,10 +20,12 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, TopicAlreadyExistsError
 
+from pipelines.errors import SetupError
+
 log = logging.getLogger(__name__)
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(SetupError, RuntimeError):
     """The broker could not be reached; the message says what to check."""
 
 

@@ -8,15 +8,19 @@ classpath. Both give the same columns, so the job does not care which one is in 
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from pipelines.config import SECRET_CLIENT_OPTIONS, ConfigError, KafkaSecurityConfig, SentinelConfig
+from pipelines.errors import SetupError
 from pipelines.io import kafka_clients
 from pipelines.io.kafka_clients import normalise_client_options
 from pipelines.io.kafka_source import FORMAT_NAME
+
+log = logging.getLogger(__name__)
 
 KAFKA_COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers"]
 
@@ -170,3 +174,28 @@ def process_all_published(query: StreamingQuery, config: SentinelConfig, topic: 
             raise TimeoutError(f"query {query.name} read {topic} up to {offsets_read(query.lastProgress, topic)}, "
                                f"not to its end {ends}, in {timeout_s:.0f} s")
         query.processAllAvailable()
+
+
+class InputDataLost(SetupError):
+    """The input topic lost offsets the job had not read (deleted by retention, or the topic re-created)."""
+
+
+# How each connector says it: the project's source names its error, Spark's names its option.
+_DATA_LOSS_MARKERS = ("KafkaDataLossError: ", "Some data may have been lost", "failOnDataLoss")
+
+
+def explain_data_loss(exc: BaseException) -> InputDataLost | None:
+    """A query's failure because of lost input offsets, as one line that names this project's key;
+    None for any other failure. The query's whole message (a logical plan of a hundred lines)
+    goes to the log at DEBUG."""
+    text = str(exc)
+    if not any(marker in text for marker in _DATA_LOSS_MARKERS):
+        return None
+    log.debug("the detection query stopped on lost input offsets:\n%s", text)
+    lines = [line.strip() for line in text.splitlines()]
+    reason = next((line.split("KafkaDataLossError: ", 1)[1] for line in lines if "KafkaDataLossError: " in line),
+                  next((line for line in lines if "Some data may have been lost" in line), lines[0] if lines else ""))
+    reason = reason.split(" (set failOnDataLoss", 1)[0].strip().rstrip(".")[:300]
+    return InputDataLost(f"the input topic lost offsets the job had not read: {reason}. To skip lost offsets and go "
+                         "on, set kafka.fail_on_data_loss: false (SENTINEL_KAFKA__FAIL_ON_DATA_LOSS=false); a topic "
+                         "re-created on purpose can also start afresh with a new spark.checkpoint_location")

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
+from pipelines.errors import SetupError
+
 # What a location may start with: scheme -> (pyarrow.fs's scheme, Hadoop's scheme for Spark).
 SCHEMES: dict[str, tuple[str, str]] = {
     "file": ("file", "file"),
@@ -40,7 +42,7 @@ SCHEMES: dict[str, tuple[str, str]] = {
 }
 
 
-class StorageError(OSError):
+class StorageError(SetupError, OSError):
     """A location cannot be read or written; the message names it and what to check."""
 
 

@@ -41,6 +41,7 @@ from markupsafe import Markup, escape
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable, utc_time
 from pipelines.families import BACKPRESSURE, LABELS, SKEW, STATE_LEAK
+from pipelines.errors import SetupError
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.incident_view import page_file
 
@@ -54,7 +55,7 @@ MIB = 1024 * 1024
 log = logging.getLogger(__name__)
 
 
-class UnknownIncident(LookupError):
+class UnknownIncident(SetupError, LookupError):
     """An incident id asked for is not among the incident events read."""
 
 

@@ -12,19 +12,20 @@ from __future__ import annotations
 import heapq
 import json
 import random
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from pipelines.datasets import SPLITS, read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
+from pipelines.durations import parse_duration  # noqa: F401  (part of this package's API)
+from pipelines.errors import UsageError
 from pipelines.simulator.job import FLINK_2_3, JobSimulation, Reporting
 from pipelines.simulator.scenarios import CATALOGUE, Scenario
 
 DEFAULT_START_TS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
-class SimulationError(ValueError):
+class SimulationError(UsageError):
     """Bad simulator parameters; the message says which and why."""
 
 
@@ -32,18 +33,6 @@ class SimulationError(ValueError):
 class SimulatedJob:
     events: list[dict]
     truth: dict  # the job's ground truth: scenario, expected family, labelled faults
-
-
-def parse_duration(text: str) -> int:
-    """``"2h"``, ``"30m"``, ``"90s"``, ``"1h30m"``, ``"500ms"`` -> milliseconds."""
-    parts = re.fullmatch(r"\s*((?:\d+(?:\.\d+)?(?:ms|h|m|s)\s*)+)", text or "")
-    if not parts:
-        raise SimulationError(f"duration {text!r} is not like 2h, 30m, 90s or 1h30m")
-    units = {"h": 3_600_000, "m": 60_000, "s": 1000, "ms": 1}
-    total = sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|h|m|s)", text))
-    if total <= 0:
-        raise SimulationError(f"duration {text!r} must be positive")
-    return int(total)
 
 
 def scenario(name: str) -> Scenario:

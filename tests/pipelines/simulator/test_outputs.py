@@ -15,16 +15,6 @@ from pipelines.simulator.publish import publish_to_kafka
 from tests.conftest import PROJECT_ROOT
 
 
-def test_parse_duration():
-    assert simulator.parse_duration("2h") == 7_200_000
-    assert simulator.parse_duration("1h30m") == 5_400_000
-    assert simulator.parse_duration("90s") == 90_000
-    assert simulator.parse_duration("500ms") == 500
-    for bad in ("2x", "", "h", "0s"):
-        with pytest.raises(simulator.SimulationError):
-            simulator.parse_duration(bad)
-
-
 def test_dataset_is_split_by_job_and_labels_match_events(tmp_path):
     names = ["healthy_steady", "leak_linear", "skew_hot_key"]
     manifest = simulator.write_dataset(tmp_path, names, jobs_per_scenario=5, seed=4, duration_ms=20 * 60_000)
