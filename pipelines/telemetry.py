@@ -31,6 +31,10 @@ from pipelines.contracts import INCIDENT_EVENTS, SEVERITIES
 from pipelines.families import FAMILIES
 
 PREFIX = "checkpoint_sentinel"
+# The dead-letter reasons the job gives (the dead-letter contract's `reason`), so each counter exists
+# at 0 from the start and a rule's increase() sees the first letter.
+DEAD_LETTER_REASONS = ("malformed_json", "schema_violation", "unknown_schema_version", "unknown_kind",
+                       "impossible_value", "unprocessable")
 # Spark's micro-batches: a quiet trigger is well under a second, a backlog's batch minutes.
 BATCH_DURATION_BUCKETS = (0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -145,6 +149,8 @@ class DetectionMetrics:
                     self.incident_events.labels(family, severity, event)
         self.dead_letters = Counter(f"{PREFIX}_dead_letters", "Input records sent to the dead-letter topic",
                                     ["reason"], registry=r)
+        for reason in DEAD_LETTER_REASONS:
+            self.dead_letters.labels(reason)
         self.batch_duration = Histogram(f"{PREFIX}_batch_duration_seconds", "Duration of the query's micro-batches",
                                         ["query"], buckets=BATCH_DURATION_BUCKETS, registry=r)
         self.input_rows = Counter(f"{PREFIX}_input_rows", "Input rows the query has read", ["query"], registry=r)

@@ -125,3 +125,23 @@ def test_the_driver_s_jvm_is_watched_beside_its_python_process(spark):
     # A JVM with Spark's classes loaded holds far more than this Python's memory.
     assert seen[("checkpoint_sentinel_jvm_process_resident_memory_bytes", ())] > 100 * 2**20
     assert seen[("checkpoint_sentinel_jvm_process_cpu_seconds_total", ())] > 1
+
+
+def test_every_dead_letter_reason_the_contract_names_is_counted_from_zero():
+    """A counter that appears at 1 has no increase() in Prometheus: its first letter would not fire
+    SentinelDeadLetters. The reasons are those the dead-letter contract lists."""
+    import re
+
+    from prometheus_client import generate_latest
+
+    from pipelines.contracts import DEAD_LETTER
+    from pipelines.telemetry import DEAD_LETTER_REASONS
+    from tests.helpers.metrics import samples
+
+    described = DEAD_LETTER.schema["properties"]["reason"]["description"]
+    named = re.findall(r"\b([a-z]+(?:_[a-z]+)+|unprocessable)\b", described.split(":", 1)[1])
+    assert set(named) == set(DEAD_LETTER_REASONS)
+    seen = {labels: value for (name, labels), value in samples(generate_latest(DetectionMetrics().registry).decode())
+            .items() if name == "checkpoint_sentinel_dead_letters_total"}
+    assert {dict(labels)["reason"] for labels in seen} == set(DEAD_LETTER_REASONS)
+    assert set(seen.values()) == {0.0}
