@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.calibration import calibration_line  # noqa: E402
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines.config import load_config  # noqa: E402
 from pipelines.io import kafka_clients  # noqa: E402
@@ -101,6 +102,7 @@ def main() -> int:
     parser.add_argument("--incidents", type=int, default=5)
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(",") if int(s) <= args.events)
+    print(calibration_line("start"), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         config = load_config(environ={"SENTINEL_STATE_DIR": tmp, "SENTINEL_KAFKA__BOOTSTRAP_SERVERS":
                                       f"127.0.0.1:{free_port()}"}, base_dir=Path(tmp))
@@ -137,6 +139,7 @@ def main() -> int:
             producer.close()
         finally:
             stack.down()
+    print(calibration_line("end"))
     return 0
 
 

@@ -31,11 +31,11 @@ def _cmd_down(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(config: SentinelConfig, args: argparse.Namespace) -> int:
+    require_mlflow(config)  # before the stack starts: a tracking server that is down would leave it running
     from infra.embedded_stack import EmbeddedStack
     from models import registry
     from pipelines.detection.demo import run_demo
 
-    require_mlflow(config)  # before the stack starts: a tracking server that is down would leave it running
     print("checkpoint-sentinel demo on the embedded stack")
     for line in EmbeddedStack(config).up():
         print("  " + line)

@@ -35,12 +35,13 @@ def training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list:
 
 
 def train(config: SentinelConfig, args: argparse.Namespace, families, dry_run: bool = False) -> None:
-    from models.training import run_training
-    from pipelines.spark_session import build_spark
-
+    # The services first, before the imports of MLflow, scikit-learn and Spark: a stop costs a second.
     require_mlflow(config)
     if getattr(args, "feedback", False):
         require_kafka(config)
+    from models.training import run_training
+    from pipelines.spark_session import build_spark
+
     datasets = training_datasets(config, args)
     spark = build_spark(config, "train")
     feedback = None
@@ -88,13 +89,13 @@ def _cmd_train(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
+    require_mlflow(config)
     import tempfile
     from pathlib import Path
 
     from pipelines.datasets import subset
     from pipelines.reports.backtest import evaluate_dataset, write_report
 
-    require_mlflow(config)
     dataset = Path(args.dataset) if args.dataset else Path(config.lab.corpus_dir)
     cache = require_champions(config)
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,13 +113,13 @@ def _cmd_replay(config: SentinelConfig, args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from pipelines.detection.flink_job import replay
-    from pipelines.incidents.comparison import compare
-
     for path in args.inputs:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no such events file: {path}")
     require_mlflow(config)
+    from pipelines.detection.flink_job import replay
+    from pipelines.incidents.comparison import compare
+
     cache = require_champions(config)
     result = replay(config, args.inputs, cache.models)
     out = Path(args.out)

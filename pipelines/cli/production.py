@@ -80,16 +80,17 @@ def _cmd_collect(config: SentinelConfig, args: argparse.Namespace) -> int:
 
 
 def _cmd_run(config: SentinelConfig, args: argparse.Namespace) -> int:
-    from pipelines.detection.job import start_detection
     from pipelines.detection.spark_state import check_pyspark
-    from pipelines.io.kafka_stream import explain_data_loss
-    from pipelines.detection.champions import HELD_CHAMPIONS
     from pipelines.io.reachability import cap_mlflow_retries, mlflow_probes
-    from pipelines.spark_session import build_spark
 
     logging.getLogger("pipelines.detection").setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
     check_pyspark()  # first: a PySpark the stateful processor was not tested with is a stop at once
     require_kafka(config)
+    from pipelines.detection.champions import HELD_CHAMPIONS
+    from pipelines.detection.job import start_detection
+    from pipelines.io.kafka_stream import explain_data_loss
+    from pipelines.spark_session import build_spark
+
     # A registry that is down is a stop only for a job that holds no copies of its champions yet.
     cap_mlflow_retries()
     down = [probe for probe in mlflow_probes(config.mlflow.tracking_uri, config.mlflow.registry_uri) if not probe.ok]
