@@ -19,6 +19,7 @@ TEST_BINARIES = {
     "openssl": "openssl",
     "stunnel4": "stunnel4",
     "promtool": "prometheus",
+    "prometheus": "prometheus",
     "prometheus-alertmanager": "prometheus-alertmanager",
     "amtool": "prometheus-alertmanager",
     "chromium": "chromium",
