@@ -43,7 +43,7 @@ class PrometheusServer:
     def start(self) -> PrometheusServer:
         self.process = subprocess.Popen(
             [self.binary, f"--config.file={self.folder / 'prometheus.yml'}",
-             f"--storage.tsdb.path={self.folder / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+             f"--storage.tsdb.path={self.folder / 'prometheus-data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
