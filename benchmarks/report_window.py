@@ -6,7 +6,8 @@ An embedded broker on a free port; the input topic is filled with ``--events`` e
 spread evenly over the last ``--hours`` (record timestamps as a collector publishing them then
 would have), plus the simulated events of the incidents' jobs in the last hour; the incident
 topic holds those jobs' incidents, published in the last half hour. After each size in
-``--sizes`` the report runs both ways.
+``--sizes`` (a topic each, written in time order) the report runs from a time, and up to
+``--whole-up-to`` from the start too.
 
 Usage: ``.venv/bin/python benchmarks/report_window.py [--events 1000000] [--sizes 100000,300000,1000000]``
 """
@@ -59,18 +60,29 @@ def _incident_jobs(now_ms: int, count: int) -> tuple[list[dict], list[dict]]:
     return events, incidents
 
 
-def _publish_filler(config, count: int, first: int, total: int, now_ms: int, hours: float, template: dict) -> None:
-    """Events ``first``..``first + count`` of ``total``, spread over the last ``hours`` oldest first."""
+def _publish(config, count: int, now_ms: int, hours: float, template: dict, job_events: list[dict]) -> None:
+    """``count`` fleet events spread over the last ``hours`` and the incidents' jobs' events, all
+    in the order of their record timestamps."""
     producer = kafka_clients.make_producer(config.kafka.bootstrap_servers, config.kafka.client_kwargs(),
                                            linger_ms=50, batch_size=256 * 1024)
     span = hours * 3600_000
     # One serialised event with the job's name put in: the producer, not JSON, is what costs here.
     value = json.dumps({**template, "job_id": "@JOB@", "job_name": "@JOB@"}).encode()
     jobs = [f"fleet-{j:04d}".encode() for j in range(2000)]
-    for i in range(first, first + count):
+    own = sorted(job_events, key=lambda e: e["ts"])
+    next_own = 0
+    for i in range(count):
+        stamp = int(now_ms - span + span * i / count)
+        while next_own < len(own) and own[next_own]["ts"] <= stamp:
+            event = own[next_own]
+            producer.send(config.topics.input, key=f"bench/{event['job_id']}".encode(),
+                          value=json.dumps(event).encode(), timestamp_ms=int(event["ts"]))
+            next_own += 1
         job = jobs[i % 2000]
-        producer.send(config.topics.input, key=b"bench/" + job, value=value.replace(b"@JOB@", job),
-                      timestamp_ms=int(now_ms - span + span * i / total))
+        producer.send(config.topics.input, key=b"bench/" + job, value=value.replace(b"@JOB@", job), timestamp_ms=stamp)
+    for event in own[next_own:]:
+        producer.send(config.topics.input, key=f"bench/{event['job_id']}".encode(), value=json.dumps(event).encode(),
+                      timestamp_ms=int(event["ts"]))
     producer.flush()
     producer.close()
 
@@ -100,6 +112,8 @@ def main() -> int:
     parser.add_argument("--sizes", default="100000,300000,1000000")
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--incidents", type=int, default=5)
+    parser.add_argument("--whole-up-to", type=int, default=300_000,
+                        help="read from the topic's start too, for comparison, up to this size")
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(",") if int(s) <= args.events)
     print(calibration_line("start"), flush=True)
@@ -117,26 +131,24 @@ def main() -> int:
                 producer.send(config.topics.incidents, key=incident["incident_id"].encode(),
                               value=json.dumps(incident).encode(), timestamp_ms=now_ms - 30 * MINUTE)
             producer.flush()
+            producer.close()
             print("| input events on the topic | report --since 1h | pages | their jobs' events | from the "
                   "topic's start (before) |")
             print("|---:|---:|---:|---:|---:|")
-            published, first_size = 0, True
             for size in sizes:
+                # A topic per size, written in time order as collectors publish: the fleet's events
+                # over the last hours, the incidents' jobs' among them in their last hour.
+                config.topics.input = f"bench-input-{size}"
+                kafka_clients.ensure_topics(config.kafka.bootstrap_servers, config.kafka.client_kwargs(),
+                                            [config.topics.input], config.kafka.topic_partitions)
                 started = time.monotonic()
-                _publish_filler(config, size - published, published, args.events, now_ms, args.hours, template)
-                if first_size:  # the incidents' jobs' own events: the last hour, as their collector published them
-                    for event in job_events:
-                        producer.send(config.topics.input, key=f"bench/{event['job_id']}".encode(),
-                                      value=json.dumps(event).encode(), timestamp_ms=int(event["ts"]))
-                    producer.flush()
-                    first_size = False
-                published = size
-                print(f"<!-- published up to {size} in {time.monotonic() - started:.0f}s -->", flush=True)
-                window = _report(config, 3600, Path(tmp) / "pages-window")
-                whole = _report(config, 3600, Path(tmp) / "pages-whole", from_start=True)
+                _publish(config, size, now_ms, args.hours, template, job_events)
+                print(f"<!-- published {size} in {time.monotonic() - started:.0f}s -->", flush=True)
+                window = _report(config, 3600, Path(tmp) / f"pages-window-{size}")
+                whole = (_report(config, 3600, Path(tmp) / f"pages-whole-{size}", from_start=True)
+                         if size <= args.whole_up_to else None)
                 print(f"| {size + len(job_events):,} | {window[0]:.1f} s | {window[1]} | {window[2]:,} | "
-                      f"{whole[0]:.1f} s ({whole[2]:,}) |", flush=True)
-            producer.close()
+                      + (f"{whole[0]:.1f} s ({whole[2]:,}) |" if whole else "not run |"), flush=True)
         finally:
             stack.down()
     print(calibration_line("end"))
