@@ -36,7 +36,7 @@ def test_an_incident_before_the_labelled_onset_is_early_not_missed_and_false():
     assert [m["job_name"] for m in summary.missed] == ["elsewhere"]
     assert sorted(f["incident_id"] for f in summary.false) == ["i3", "i4"]
     lines = summary.lines()
-    assert lines[0] == "  4 faults injected: 1 detected, 1 early, 1 missed; 2 false incidents; median delay 20s after " \
+    assert lines[0] == "  3 faults injected: 1 detected, 1 early, 1 missed; 2 false incidents; median delay 20s after " \
                        "the labelled onset"
     assert any(line.startswith("  EARLY    state_leak") and "300s before the labelled onset" in line for line in lines)
     assert not any("MISSED" in line and "rocksdb-joins-011" in line for line in lines)
