@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
-from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS,
+from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS,
                                       TRAJECTORY_POINTS, WINDOW_POINTS)
 
 SHORT_WINDOW_CHECKPOINTS = 12
@@ -52,6 +52,8 @@ _GROWTH = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at 
            f"thinned to {WINDOW_POINTS}")
 _RECENT = (f"the growth window, after its last change of pace (at least {RECENT_MIN_SPAN_MS // 1000} s and "
            f"{RECENT_MIN_POINTS} checkpoints)")
+_FORECAST = (f"completed checkpoints of the last {FORECAST_WINDOW_MS // 60_000} min (at least "
+             f"{FORECAST_MIN_POINTS})")
 _HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to {TRAJECTORY_POINTS}"
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
@@ -117,6 +119,16 @@ FEATURES: tuple[Feature, ...] = (
             "less the triggers a run's starting tasks decline (before its first checkpoint in the history)"),
     Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
     Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 20 polls", "relative slope of JobManager heap"),
+    Feature("checkpoint_timeout_ms", "context", "job", "ms", "latest", "configured checkpoint timeout"),
+    Feature("checkpoint_timeout_eta_s", "checkpoint_failure", "job", "s", _FORECAST,
+            "seconds until completed checkpoints' end-to-end duration reaches the checkpoint timeout on its "
+            "least-squares trend (0: at it; null: no rising trend or no timeout known)"),
+    Feature("checkpoint_timeout_eta_low_s", "checkpoint_failure", "job", "s", _FORECAST,
+            "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
+    Feature("checkpoint_timeout_eta_high_s", "checkpoint_failure", "job", "s", _FORECAST,
+            "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
+    Feature("checkpoint_duration_fitted_over_s", "checkpoint_failure", "job", "s", _FORECAST,
+            "the span of checkpoints that forecast is fitted over"),
     Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",
             "relative slope of in-flight data persisted by unaligned checkpoints"),
     Feature("persisted_inflight_bytes", "backpressure", "job", "bytes", "latest", "in-flight data persisted by the latest checkpoint"),

@@ -326,6 +326,9 @@ class JobFeatureState:
     trajectory: list = field(default_factory=list)
     trajectory_spacing_ms: float = 1000.0
     trajectory_fits: dict = field(default_factory=dict)  # JOB or vid: [stamp, fit] (refitted when the history moved)
+    # Completed checkpoints' end-to-end durations over growth.FORECAST_WINDOW_MS (at least
+    # FORECAST_MIN_POINTS), thinned: [ts, duration_ms]; what the timeout forecast fits.
+    durations: list = field(default_factory=list)
     # Long-horizon fits, {JOB or vid: [stamp, trends]}: they change only when the thinned long
     # buffer does (every LONG_WINDOW_MS / LONG_BUFFER_POINTS), not at every evaluation. Kept in
     # the state because the stream rebuilds the machine from it at every call; the stamp (length, first and last time) names
@@ -543,6 +546,10 @@ class JobFeatureState:
         for vid in per_vertex:
             self._plateau(vid, [[e[0], e[3][vid][0]] for e in window if vid in e[3]])
         self._grow(ts, entry[1], {vid: sizes[0] for vid, sizes in per_vertex.items()})
+        if event.get("end_to_end_duration_ms") is not None:
+            growth.thin_append(self.durations, [ts, event["end_to_end_duration_ms"]],
+                               growth.FORECAST_WINDOW_MS / growth.WINDOW_POINTS)
+            self.durations = growth.window(self.durations, growth.FORECAST_WINDOW_MS, growth.FORECAST_MIN_POINTS)
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
             # What the long-horizon trends read, the vertices by their place in long_vertices (a
@@ -712,6 +719,7 @@ class JobFeatureState:
         interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
         f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
         f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
+        f.update(self._memoised(("timeout", JOB), (self.age_checkpoints, timeout), self._timeout_forecast, JOB))
         for name in ("job_age_s", "checkpoint_interval_ms", "state_growth_bytes_per_record",
                      "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout"):
             if f[name] is not None:
@@ -758,6 +766,15 @@ class JobFeatureState:
         f["persisted_inflight_bytes"] = cps[-1][3] if cps else None
         f["persisted_inflight_rel_slope_per_h"], _ = relative_trend([[c[0], c[3]] for c in cps])
         return _floats(f), fit
+
+    def _timeout_forecast(self, _: str) -> dict[str, float | None]:
+        """When completed checkpoints' duration reaches the checkpoint timeout, on its trend."""
+        eta = growth.limit_eta(self.durations, self.status.get("checkpoint_timeout_ms"))
+        return _floats({"checkpoint_timeout_ms": self.status.get("checkpoint_timeout_ms"),
+                        "checkpoint_timeout_eta_s": eta and eta["eta_s"],
+                        "checkpoint_timeout_eta_low_s": eta and eta["eta_low_s"],
+                        "checkpoint_timeout_eta_high_s": eta and eta["eta_high_s"],
+                        "checkpoint_duration_fitted_over_s": eta and eta["fitted_over_s"]})
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""

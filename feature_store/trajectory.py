@@ -35,7 +35,9 @@ RECENT_MIN_POINTS = 4
 WINDOW_POINTS = 40  # the growth window's buffer is thinned to about this many points
 TRAJECTORY_POINTS = 64  # the history's buffer: thinned by halves to at most this many points
 TRAJECTORY_MIN_POINTS = 12
-REFIT_POINTS = 4  # the history's curve is fitted again after this many new points
+REFIT_POINTS = 4
+FORECAST_WINDOW_MS = 300_000  # a metric's trend toward its limit: the last five minutes
+FORECAST_MIN_POINTS = 10  # the history's curve is fitted again after this many new points
 TRAJECTORY_MIN_SPAN_MS = 120_000
 # Saturating curves tried, as fractions of the history's span: up to one and a half spans, a fill
 # seen for a fraction of its time constant already bends measurably; beyond, it is a line.
@@ -44,6 +46,7 @@ SATURATING_SSE_RATIO = 0.5  # the curve must leave at most half the line's squar
 PLATEAU_WITHIN = 0.01  # "levelled off": within 1 % of the asymptote
 # Linear growth beside the curve that makes it a leak after all: the leak rule's minimum growth.
 LINEAR_BESIDE_PER_H = 0.05
+BESIDE_SHARE = 0.5  # of the curve's growth now
 FINE_TAUS = 25  # the time constants tried between the grid's neighbours of its best
 NOISE_FLOOR = 0.002  # of the state's mean, for the curve's fits
 BEND_NOISE_FLOOR = 0.0002  # and for the bend's: a stop is a sharp feature of a few points
@@ -106,27 +109,39 @@ def growth_bounds(points: Sequence[Sequence[float]]) -> tuple[float, float, floa
     return slope / my, (slope - half) / my, (slope + half) / my
 
 
-def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
-    """The lower 95 % bound of the state's growth *since its last change of pace*, per hour
-    relative to its mean: a line with a bend (a hinge) is fitted to the growth window, the bend
-    anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS` and :data:`RECENT_MIN_POINTS` after
-    it, and where the bend explains the data better than a straight line (an F-test), the slope
-    after it is judged; else the whole line's. A state that grew and then stopped reads as
-    stopped from a few checkpoints after it stopped, not once the window has forgotten the climb."""
+def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float, int] | None:
+    """The trend *since the last change of pace* of ``points`` (``[(ts_ms, value), ...]``):
+    ``(slope, half_width, value_now, n)``, per second, with the 95 % half-width of the slope
+    (widened for autocorrelated residuals) and the fitted value at the last point. A line with a
+    bend (a hinge) is fitted, the bend anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS`
+    and :data:`RECENT_MIN_POINTS` after it; where the bend explains the data better than a
+    straight line (an F-test), the segment after it is the trend, else the whole line. A metric
+    that grew and then stopped (or took off) reads as such a few points after, not once the
+    window has forgotten its past."""
     pts = [(p[0], p[1]) for p in points if p[1] is not None]
     n = len(pts)
     if n < 3:
         return None
-    t = (np.array([p[0] for p in pts], dtype="float64") - pts[0][0]) / 3_600_000.0  # from the first: well conditioned
+    t = (np.array([p[0] for p in pts], dtype="float64") - pts[-1][0]) / 1000.0  # 0 at the last: well conditioned
     y = np.array([p[1] for p in pts], dtype="float64")
-    mean = float(y.mean())
-    if mean <= 0 or float(t[-1] - t[0]) <= 0:
+    mean = float(abs(y).mean())
+    if float(t[-1] - t[0]) <= 0:
         return None
-    line = growth_bounds(pts)
-    last = t[-1] - RECENT_MIN_SPAN_MS / 3_600_000.0
+
+    def line() -> tuple[float, float, float, int]:
+        tc = t - t.mean()
+        sxx = float(tc @ tc)
+        slope = float(tc @ (y - y.mean())) / sxx
+        r = y - y.mean() - slope * tc
+        rss = float(r @ r)
+        rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss)) if rss > 0 else 0.0
+        half = t95(n - 2) * math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
+        return slope, half, float(y.mean() - slope * t.mean()), n
+
+    last = t[-1] - RECENT_MIN_SPAN_MS / 1000.0
     breaks = [b for b in range(1, n - RECENT_MIN_POINTS + 1) if t[b] <= last]
     if n < 6 or not breaks:
-        return line[1] if line else None
+        return line()
     tc = t - t.mean()
     line_rss = float(((y - y.mean() - (tc @ (y - y.mean())) / (tc @ tc) * tc) ** 2).sum())
     # Every candidate bend at once: y = a + s t + d max(t - t_b, 0), one 3 x 3 system per bend.
@@ -141,14 +156,14 @@ def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
         beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
-        return line[1] if line else None
+        return line()
     residuals = y[None, :] - beta[:, :1] - beta[:, 1:2] * t[None, :] - beta[:, 2:3] * after
     rss_all = (residuals * residuals).sum(axis=1)
     i = int(np.argmin(rss_all))
     rss, b, r = float(rss_all[i]), breaks[i], residuals[i]
     floor = n * (BEND_NOISE_FLOOR * mean) ** 2
     if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
-        return line[1] if line else None  # no bend the data insist on: the whole window's slope
+        return line()  # no bend the data insist on: the whole window's line
     # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
     cov = inverse[i] * max(rss, floor) / (n - 3)
     tail = r[b:]
@@ -156,7 +171,20 @@ def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
     rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(tail[1:] @ tail[:-1]) / tail_ss)) if tail_ss > 0 else 0.0
     variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
     slope = float(beta[i, 1] + beta[i, 2])
-    return (slope - t95(n - 3) * math.sqrt(max(variance, 0.0))) / mean
+    now = float(beta[i, 0] + beta[i, 2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend
+    return slope, t95(n - 3) * math.sqrt(max(variance, 0.0)), now, n
+
+
+def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
+    """The lower 95 % bound of the state's growth since its last change of pace
+    (:func:`recent_trend`), per hour relative to the window's mean: above 0 while it still grows."""
+    trend = recent_trend(points)
+    values = [p[1] for p in points if p[1] is not None]
+    mean = sum(values) / len(values) if values else 0.0
+    if trend is None or mean <= 0:
+        return None
+    slope, half, _, _ = trend
+    return (slope - half) * 3600.0 / mean
 
 
 def _best_tau(t: np.ndarray, y: np.ndarray, span: float) -> tuple[float, float, float, float]:
@@ -194,7 +222,12 @@ def trajectory_fit(points: Sequence[Sequence[float]]) -> dict | None:
     line_rss = float(((y - np.polyval(line, t)) ** 2).sum())
     tau, plateau, amplitude, rss = _best_tau(t, y, span)
     rising = amplitude < 0 and plateau > 0  # A - |B| exp(-t/tau): filling toward A
-    if not (rising and rss <= SATURATING_SSE_RATIO * line_rss) or _linear_growth_beside(t, y, span, mean):
+    if not (rising and rss <= SATURATING_SSE_RATIO * line_rss):
+        return not_saturating
+    # Linear growth beside the curve makes it a leak once it is a real part of the growth now:
+    # a fill's own small misfits (a hash table doubling its buckets) are absorbed by it too.
+    curve_slope_now = -amplitude / tau * math.exp(-span / tau)
+    if _linear_growth_beside(t, y, span, max(LINEAR_BESIDE_PER_H * mean / 3600.0, BESIDE_SHARE * curve_slope_now)):
         return not_saturating
     # The curve reaches within PLATEAU_WITHIN of A at tau * ln(|B| / (PLATEAU_WITHIN * A)).
     reach = tau * math.log(max(abs(amplitude) / (PLATEAU_WITHIN * plateau), 1.0))
@@ -246,9 +279,9 @@ def _with_line(t: np.ndarray, y: np.ndarray, taus: np.ndarray, mean: float) -> t
     return rss, beta[:, 1] - t95(n - 3) * se
 
 
-def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, mean: float) -> bool:
-    """Whether ``a + c t + b exp(-t / tau)`` has a linear growth ``c`` of at least
-    :data:`LINEAR_BESIDE_PER_H` of the state with 95 % confidence for every plausible ``tau``
+def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, minimum: float) -> bool:
+    """Whether ``a + c t + b exp(-t / tau)`` has a linear growth ``c`` above ``minimum`` (per
+    second) with 95 % confidence for every plausible ``tau``
     (those whose fit is within an F-test's reach of the best: F(1, n - 3)'s 95 % point is
     t95(n - 3) squared), ``tau`` searched on the grid and then finely around its best: ``c``
     trades off against ``tau``, so a coarse grid would read a ``tau`` slightly off as growth.
@@ -256,6 +289,7 @@ def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, mean: float
     n = len(t)
     if n <= 5:
         return False
+    mean = float(y.mean())
     coarse = TAU_FRACTIONS * span
     found = _with_line(t, y, coarse, mean)
     if found is None:
@@ -268,7 +302,31 @@ def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, mean: float
     rss = np.r_[found[0], refined[0]]
     lower = np.r_[found[1], refined[1]]
     plausible = rss <= rss.min() * (1.0 + t95(n - 3) ** 2 / (n - 3))
-    return bool((lower[plausible] > LINEAR_BESIDE_PER_H * mean / 3600.0).all())
+    return bool((lower[plausible] > minimum).all())
+
+
+def limit_eta(points: Sequence[Sequence[float]], limit: float | None) -> dict | None:
+    """When a metric's trend since its last change of pace (:func:`recent_trend` over ``[(ts_ms,
+    value), ...]``) reaches ``limit``: ``{"eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"}``
+    from the last point, the band from the slope's 95 % bounds (the steepest slope gives the
+    earliest time, the flattest the latest, None where it may not rise at all); 0 once the fitted
+    value is at the limit; None without a limit, enough points or a rising trend."""
+    pts = [p for p in points if p[1] is not None]
+    if not limit or len(pts) < FORECAST_MIN_POINTS:
+        return None
+    trend = recent_trend(pts)
+    if trend is None:
+        return None
+    slope, half, now, _ = trend
+    span = (pts[-1][0] - pts[0][0]) / 1000.0
+    if now >= limit:
+        return {"eta_s": 0.0, "eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": span}
+    if slope <= 0:
+        return None
+    gap = limit - now
+    steepest, flattest = slope + half, slope - half
+    return {"eta_s": gap / slope, "eta_low_s": gap / steepest,
+            "eta_high_s": gap / flattest if flattest > 0 else None, "fitted_over_s": span}
 
 
 def thin_append(buffer: list, entry: list, spacing_ms: float) -> bool:

@@ -89,6 +89,8 @@ class JobOverride(_Strict):
     warmup_horizon_s: float | None = Field(None, gt=0, description="How long after a (re)start this job's state "
                                                                    "may grow healthily (its longest window or TTL).")
     state_limit_bytes: int | None = Field(None, ge=1, description="A hard limit for this job's state, for forecasts.")
+    warning_horizon_s: float | None = Field(None, gt=0, description="How far ahead a forecast that checkpoints will "
+                                                                    "fail is a warning for these jobs.")
     mute: list[FamilyName] = Field(
         default_factory=list, description="Families that never open an incident for these jobs.")
 
@@ -101,7 +103,16 @@ class DetectionConfig(_Strict):
                                                            "its incident is resolved.")
     eta_change_ratio: float = Field(0.25, gt=0, description="A forecast ETA that moves by more than this share "
                                                            "updates the incident.")
+    eta_change_min_s: float = Field(300.0, ge=0, description="A forecast ETA update also needs a move of at "
+                                                            "least this many seconds (a shrinking ETA moves by a "
+                                                            "large share near its end).")
+    min_update_interval_s: float = Field(300.0, ge=0, description="At most one forecast update per incident in "
+                                                                 "this long (severity changes are always "
+                                                                 "published).")
     critical_eta_s: float = Field(3600.0, gt=0, description="A leak reaching its limit sooner is critical.")
+    warning_horizon_s: float = Field(900.0, gt=0, description="A forecast that checkpoints will exceed their "
+                                                              "timeout within this long is a warning: the cause's "
+                                                              "incident carries it and says so in its summary.")
     state_limit_bytes: int | None = Field(None, ge=1, description="Limit for forecasts when a job reports none "
                                                                   "(max_state_size_bytes wins).")
     warmup_horizon_s: float = Field(180.0, gt=0, description="How long after a job starts or restarts its state may "

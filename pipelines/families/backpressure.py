@@ -36,6 +36,7 @@ class Backpressure(Family):
 
 FAMILY = Backpressure(
     name=NAME, label="Backpressure", alertname="FlinkBackpressure", model_name="sentinel-backpressure",
+    page_plot="vertex_pressure",
     localised=True, supervised=True, colour="tab:orange",
     decisive_plot=Plot("others_backpressured_max", "upstream backpressured (ratio)"),
     # A hot subtask that cannot keep up, on the same vertex.

@@ -108,6 +108,7 @@ class Family:
     learns_from_symptom_rows: bool = True
     recent_column: str | None = None
     has_static_alarm: bool = True
+    page_plot: str | None = None  # the incident page's decisive plot (pipelines/reports/incident_plots.PAGE_PLOTS)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     @property
@@ -148,8 +149,19 @@ class Family:
         return None
 
     def forecast(self, row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
-        """The incident's forecast at ``row``, if the family makes one."""
+        """The family's own forecast at ``row`` (a leak's state limit), if it makes one."""
         return None
+
+    def forecasts(self, row: Mapping[str, Any], configured_limit: int | None, warning_horizon_s: float) -> list[dict]:
+        """Every forecast an incident of it carries at ``row``, soonest first: its own, and for a
+        family whose faults fail checkpoints, when their duration reaches the timeout (where that
+        is within ``warning_horizon_s``: a warning, not a far trend)."""
+        found = [f for f in (self.forecast(row, configured_limit),) if f]
+        if self.supervised:
+            timeout = timeout_forecast(row, warning_horizon_s)
+            if timeout:
+                found.append(timeout)
+        return sorted(found, key=lambda f: f["eta_ms"])
 
     def limit_eta_s(self, rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray | None:
         """Per row, seconds to the operator's configured limit (NaN: none), for the guards; None:
@@ -175,6 +187,36 @@ class Family:
         """Where the static alarm fires at each row of ``frame`` (``thresholds``: a
         ``models.baseline.BaselineThresholds``); a missing value never fires."""
         raise ValueError(f"no static baseline for {self.name!r}")
+
+
+def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float) -> dict | None:
+    """When completed checkpoints' end-to-end duration reaches the checkpoint timeout, on its
+    fitted trend with its 95 % band (feature_store/trajectory.py's ``limit_eta``); None beyond
+    ``warning_horizon_s`` or without a rising trend."""
+    eta, timeout = num(row, "checkpoint_timeout_eta_s"), num(row, "checkpoint_timeout_ms")
+    if eta is None or timeout is None or eta > warning_horizon_s:
+        return None
+    low, high = num(row, "checkpoint_timeout_eta_low_s"), num(row, "checkpoint_timeout_eta_high_s")
+    over = num(row, "checkpoint_duration_fitted_over_s")
+    return {"metric": "checkpoint_duration_ms", "limit": int(timeout), "limit_source": "job",
+            "eta_ms": int(eta * 1000), "eta_low_ms": int((low if low is not None else eta) * 1000),
+            "eta_high_ms": None if high is None else int(high * 1000),
+            "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
+
+
+def timeout_warning(forecasts: list[dict]) -> str:
+    """The sentence a warning adds to a summary: "checkpoints will exceed their 1 s timeout in
+    ~4 min (3-6 min)"; empty without a timeout forecast."""
+    timeout = next((f for f in forecasts if f["metric"] == "checkpoint_duration_ms"), None)
+    if timeout is None:
+        return ""
+    if timeout["eta_ms"] <= 0:
+        return f"; checkpoints take their {human_duration(timeout['limit'] / 1000)} timeout now"
+    high = timeout.get("eta_high_ms")
+    band = (f" ({human_duration(timeout['eta_low_ms'] / 1000)}-{human_duration(high / 1000)})" if high is not None
+            else f" (or later: from {human_duration(timeout['eta_low_ms'] / 1000)})")
+    return (f"; checkpoints will exceed their {human_duration(timeout['limit'] / 1000)} timeout in "
+            f"~{human_duration(timeout['eta_ms'] / 1000)}{band}")
 
 
 def fired(condition: pd.Series) -> np.ndarray:

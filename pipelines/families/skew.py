@@ -36,6 +36,7 @@ class Skew(Family):
 
 FAMILY = Skew(
     name=NAME, label="Skew", alertname="FlinkSkew", model_name="sentinel-skew",
+    page_plot="subtask_shares",
     localised=True, supervised=True, colour="tab:purple",
     decisive_plot=Plot("records_in_hot_excess", "hot subtask's excess share"),
     features=(

@@ -29,7 +29,8 @@ FILLING = ("vertex_state_filling", "state_filling")
 PLATEAU_ETA = ("vertex_state_plateau_eta_s", "state_plateau_eta_s")
 PLATEAU = ("vertex_state_plateau_bytes", "state_plateau_bytes")
 SIZE = ("vertex_state_size_bytes", "state_size_bytes")
-GROWTH_COLUMNS = GROWTH_LOW + RECENT_GROWTH_LOW
+OVER_PRIOR_MAX = ("vertex_state_over_prior_max", "state_over_prior_max")
+GROWTH_COLUMNS = GROWTH_LOW + RECENT_GROWTH_LOW + OVER_PRIOR_MAX
 SHAPE_COLUMNS = FILLING + PLATEAU_ETA + PLATEAU + SIZE + ("vertex_limit_ratio", "limit_ratio", "limit_eta_s")
 
 
@@ -39,13 +40,17 @@ def _pick(c: Mapping[str, np.ndarray], names: tuple[str, str]) -> np.ndarray:
 
 def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float) -> np.ndarray:
     """Where the state still grows: over the growth window (two minutes of checkpoints, at least
-    six) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, and since its
-    last change of pace by more than nothing with 95 % confidence. Noise on a flat state leaves
-    the first bound below the minimum; a state that stopped fails the second within a few
+    ten) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, since its last
+    change of pace by more than nothing with 95 % confidence, and to a new high (above every
+    state before the last checkpoints). Noise on a flat state leaves the first bound below the
+    minimum; TTL-bounded state that wanders with its input rate climbs for a minute or two but
+    within the range it held before; a state that stopped fails the second within a few
     checkpoints. Unknown (too few checkpoints): not growing."""
     low = np.nan_to_num(_pick(c, GROWTH_LOW), nan=-np.inf)
     recent = np.nan_to_num(_pick(c, RECENT_GROWTH_LOW), nan=-np.inf)
-    return (low >= min_growth_per_h) & (recent > 0.0)
+    # Null before anything left the short window: nothing to be above yet.
+    new_high = np.nan_to_num(_pick(c, OVER_PRIOR_MAX), nan=np.inf) >= 1.0
+    return (low >= min_growth_per_h) & (recent > 0.0) & new_high
 
 
 def fills_below_limit(c: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -133,6 +138,7 @@ def configured_limit_eta_s(rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray
 
 FAMILY = StateLeak(
     name=NAME, label="State leak", alertname="FlinkStateLeak", model_name="sentinel-state-leak",
+    page_plot="state",
     localised=True, supervised=True, colour="tab:red",
     decisive_plot=Plot("vertex_state_size_bytes", "state (bytes)"),
     features=(

@@ -11,16 +11,22 @@ from typing import Any, Mapping
 
 from models.detectors import default_features
 from pipelines.families import BY_NAME
-from pipelines.families.base import human_duration, num
+from pipelines.families.base import human_duration, num, timeout_warning
 from pipelines.families.state_leak import LIMIT_COLUMNS, configured_limit_eta_s
 
-__all__ = ["LIMIT_COLUMNS", "configured_limit_eta_s", "evidence", "forecast", "human_duration", "runbook", "severity",
-           "subtask_of", "summary"]
+__all__ = ["LIMIT_COLUMNS", "configured_limit_eta_s", "evidence", "forecast", "forecasts", "human_duration", "runbook",
+           "severity", "subtask_of", "summary", "timeout_warning"]
 
 
 def forecast(family: str, row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
     """The family's forecast at ``row`` (None if it makes none or sees no limit)."""
     return BY_NAME[family].forecast(row, configured_limit)
+
+
+def forecasts(family: str, row: Mapping[str, Any], job_settings) -> list[dict]:
+    """Every forecast of the family at ``row`` for a job with ``job_settings`` (its state limit and
+    warning horizon), soonest first."""
+    return BY_NAME[family].forecasts(row, job_settings.state_limit_bytes, job_settings.warning_horizon_s)
 
 
 def severity(family: str, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:

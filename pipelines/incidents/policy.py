@@ -5,8 +5,8 @@ One open incident per (job, family, vertex). Per entity, in event-time order:
 * ``opened`` when the family's post-rule holds (K of the last N scores over its threshold, and
   its guards, with the job's warm-up horizon and state limit from the operator's settings);
 * ``updated`` when, while open, the severity rises (or has stayed lower for ``resolve_after_s``),
-  the forecast ETA moves by more than ``eta_change_ratio`` (and at least a minute), or a symptom
-  joins it;
+  the forecast ETA moves by more than ``eta_change_ratio`` and ``eta_change_min_s`` (at most once
+  every ``min_update_interval_s``), or a symptom joins it;
 * ``resolved`` once the rule has not held for ``resolve_after_s`` of event time, or at once when
   the job reaches a terminal state (finished, cancelled, failed). An open leak holds while its
   state still grows (:meth:`PostRule.sustains`), whatever its score, and resolves with
@@ -74,6 +74,7 @@ class JobOverride:
     warmup_horizon_s: float | None = None
     state_limit_bytes: int | None = None
     mute: tuple[str, ...] = ()
+    warning_horizon_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class JobSettings:
     warmup_horizon_s: float
     state_limit_bytes: int | None
     mute: tuple[str, ...]
+    warning_horizon_s: float = 900.0
 
 
 @dataclass(frozen=True)
@@ -92,15 +94,21 @@ class PolicySettings:
     forget_after_ms: int = 1_800_000  # a job back after this long, with nothing open, starts afresh
     warmup_horizon_s: float = DEFAULT_WARMUP_HORIZON_S
     job_overrides: tuple[JobOverride, ...] = field(default=())
+    eta_change_min_ms: int = 300_000
+    min_update_interval_ms: int = 300_000
+    warning_horizon_s: float = 900.0
     _resolved: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # job name -> JobSettings
 
     @classmethod
     def from_config(cls, config) -> "PolicySettings":
         detection = config.detection
-        overrides = tuple(JobOverride(o.job_name, o.warmup_horizon_s, o.state_limit_bytes, tuple(o.mute))
-                          for o in detection.job_overrides)
+        overrides = tuple(JobOverride(o.job_name, o.warmup_horizon_s, o.state_limit_bytes, tuple(o.mute),
+                                      o.warning_horizon_s) for o in detection.job_overrides)
         return cls(int(detection.resolve_after_s * 1000), detection.eta_change_ratio, detection.critical_eta_s,
-                   detection.state_limit_bytes, config.features.idle_timeout_ms, detection.warmup_horizon_s, overrides)
+                   detection.state_limit_bytes, config.features.idle_timeout_ms, detection.warmup_horizon_s, overrides,
+                   eta_change_min_ms=int(detection.eta_change_min_s * 1000),
+                   min_update_interval_ms=int(detection.min_update_interval_s * 1000),
+                   warning_horizon_s=detection.warning_horizon_s)
 
     def for_job(self, job_name: str | None) -> JobSettings:
         """The settings of one job: the first matching override, over the defaults."""
@@ -123,8 +131,9 @@ def _job_settings(settings: PolicySettings, job_name: str) -> JobSettings:
             return JobSettings(
                 override.warmup_horizon_s if override.warmup_horizon_s is not None else settings.warmup_horizon_s,
                 override.state_limit_bytes if override.state_limit_bytes is not None else settings.state_limit_bytes,
-                override.mute)
-    return JobSettings(settings.warmup_horizon_s, settings.state_limit_bytes, ())
+                override.mute,
+                override.warning_horizon_s if override.warning_horizon_s is not None else settings.warning_horizon_s)
+    return JobSettings(settings.warmup_horizon_s, settings.state_limit_bytes, (), settings.warning_horizon_s)
 
 
 def incident_id(cluster: str, job_id: str, family: str, vertex_id: str | None, opened_at: int) -> str:
@@ -271,7 +280,8 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         record = {**full_record(columns["_row"][i]), "row": columns["_row"][i], "family": family,
                   "score": columns["score"][i], "model_name": columns["model_name"][i],
                   "model_version": columns["model_version"][i], "model_alias": columns["model_alias"][i]}
-        forecast = ev.forecast(family, record, job_settings.state_limit_bytes)
+        record["forecasts"] = ev.forecasts(family, record, job_settings)
+        forecast = record["forecasts"][0] if record["forecasts"] else None  # the soonest
         if suspected and not holds and entity["open"] is None:
             if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
                 entity["held"] = _suspicion(entity, record, forecast, job_settings)
@@ -451,13 +461,25 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
         detail = f"{record.get('vertex_name') or record.get('vertex_id')} slowed too"
     else:
         detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
-    summary = last["summary"].split("] ", 1)[-1]
+    next(s for s in symptoms if s["family"] == family)["detail"] = detail  # the latest word on it
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
-             "summary": f"[{new_severity}] {summary} (and {detail})",
+             "summary": _summary(open_, new_severity, open_.get("summary_base") or _base(last["summary"])),
              "symptoms": _public_symptoms(open_),
              "labels": {**last["labels"], "severity": new_severity, "event": "updated"}}
     open_["last_event"] = event
     return [event]
+
+
+def _base(summary: str) -> str:
+    """A published summary without its severity and its symptoms."""
+    return summary.split("] ", 1)[-1].split(" (and ", 1)[0]
+
+
+def _summary(open_: dict, severity: str, base: str) -> str:
+    """An open incident's summary: its cause's latest sentence, and each symptom once, in its
+    latest words (not the text of every earlier update appended again)."""
+    details = [s.get("detail") or s["family"].replace("_", " ") for s in open_.get("symptoms", [])]
+    return f"[{severity}] {base}" + (f" (and {', '.join(details)})" if details else "")
 
 
 def _recent_failure(family: str, record: dict) -> dict:
@@ -533,14 +555,18 @@ def _settled_severity(open_: dict, severity: str, ts: int, settings: PolicySetti
 
 
 def _eta_moved(open_: dict, forecast: dict | None, ts: int, settings: PolicySettings) -> bool:
+    """Whether a forecast moved enough to publish: by more than ``eta_change_ratio`` of what the
+    last published one says now *and* by ``eta_change_min_s``, at most once every
+    ``min_update_interval_s`` (a forecast appearing or vanishing at once). Severity changes are
+    published whatever this says."""
     old, new = open_.get("eta_ms"), forecast and forecast["eta_ms"]
     if (old is None) != (new is None):
         return True
-    if old is None:
+    if old is None or ts - open_["eta_at"] < settings.min_update_interval_ms:
         return False
     # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed.
     expected = old - (ts - open_["eta_at"])
-    return abs(new - expected) > max(60_000, settings.eta_change_ratio * max(expected, 0))
+    return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * max(expected, 0))
 
 
 def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
@@ -595,7 +621,7 @@ def _unconfirmed(entity: dict, at_ms: int, why: str) -> list[dict]:
     opened = {**held["event"], "labels": {**held["event"]["labels"], "severity": "info"}}
     ts = max(at_ms, opened["updated_at"])
     where = f" / {opened['vertex_name']}" if opened.get("vertex_name") else ""
-    resolved = {**opened, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None,
+    resolved = {**opened, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None, "forecasts": [],
                 "summary": f"[resolved] suspected {opened['family'].replace('_', ' ')} in {opened['job_name']}{where}: "
                            f"not confirmed, {why} within {held['guard']}",
                 "labels": {**opened["labels"], "event": "resolved"}, "resolution": UNCONFIRMED}
@@ -631,13 +657,15 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
                       "alias": record.get("model_alias") or open_.get("model", {}).get("alias")}
     recent = {f"recent_{RECENT_COLUMNS[family]}": entity["recent"]} if family in RECENT_COLUMNS else {}
     recent.update(_recent_failure(family, record))
-    summary = ev.summary(family, record, forecast, severity)
+    summary = ev.summary(family, record, forecast, severity) + (
+        ev.timeout_warning(record.get("forecasts") or []) if kind != "resolved" else "")
     if kind == "resolved":
         summary = f"[resolved] {family.replace('_', ' ')} in {record.get('job_name')}" + (
             f" / {open_['vertex_name']}" if open_["vertex_name"] else "") + (
             " (the job ended)" if record.get("job_state") in TERMINAL_STATES else " has cleared")
-    elif open_.get("symptoms"):
-        summary += " (and " + ", ".join(s["family"].replace("_", " ") for s in open_["symptoms"]) + ")"
+    else:
+        open_["summary_base"] = _base(summary)
+        summary = _summary(open_, severity, open_["summary_base"])
     event = {
         "schema_version": SCHEMA_VERSION,
         "incident_id": open_["id"],
@@ -658,6 +686,7 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
         "summary": summary,
         "evidence": ev.evidence(family, record, recent),
         "forecast": forecast,
+        "forecasts": (record.get("forecasts") or []) if kind != "resolved" else [],
         "runbook": ev.runbook(family, record),
         "labels": incident_labels(family, record, open_, severity, kind),
     }
@@ -683,7 +712,7 @@ def resolve_gone(job: dict, at_ms: int, silent_ms: int) -> list[dict]:
         last = open_["last_event"]
         ts = max(at_ms, last["updated_at"])
         where = f" / {last['vertex_name']}" if last.get("vertex_name") else ""
-        events.append({**last, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None,
+        events.append({**last, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None, "forecasts": [],
                        "summary": f"[resolved] {family.replace('_', ' ')} in {last['job_name']}{where}: the job is "
                                   f"gone (nothing heard of it for {silent_ms // 60_000} min)",
                        "labels": {**last["labels"], "event": "resolved"}, "resolution": JOB_GONE})

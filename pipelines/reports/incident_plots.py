@@ -22,7 +22,7 @@ import pandas as pd
 
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable
-from pipelines.families import BACKPRESSURE, SKEW, STATE_LEAK
+from pipelines.families import BY_NAME
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.page_inputs import MIB, JobMetrics, last_open_event
 
@@ -266,12 +266,13 @@ def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     return _svg(fig)
 
 
-PRIMARY_PLOTS = {STATE_LEAK: leak_plot, BACKPRESSURE: backpressure_plot, SKEW: skew_plot}
+# The page plots a family's spec can name (``Family.page_plot``), by what they draw.
+PAGE_PLOTS = {"state": leak_plot, "vertex_pressure": backpressure_plot, "subtask_shares": skew_plot}
 
 
 def plots_for(history: Sequence[dict], metrics: JobMetrics) -> list[str]:
     """The family's decisive plot first, then the checkpoints every page shows."""
-    family = history[-1]["family"]
-    plots = [PRIMARY_PLOTS[family](history, metrics)] if family in PRIMARY_PLOTS else []
+    kind = BY_NAME[history[-1]["family"]].page_plot
+    plots = [PAGE_PLOTS[kind](history, metrics)] if kind else []
     plots.append(checkpoint_plot(history, metrics))
     return [p for p in plots if p]

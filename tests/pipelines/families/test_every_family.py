@@ -85,3 +85,25 @@ def test_what_it_plots_and_keeps_is_a_declared_feature(family):
     assert family.recent_column is None or family.recent_column in NAMES
     limits = family.limit_eta_s(pd.DataFrame([_row(1.0)]), np.array([math.inf]))
     assert limits is None or limits.shape == (1,)
+
+
+def test_its_page_plot_is_one_the_incident_page_draws(family):
+    from pipelines.reports.incident_plots import PAGE_PLOTS
+    assert family.page_plot is None or family.page_plot in PAGE_PLOTS
+
+
+def test_its_forecasts_come_soonest_first_with_their_band():
+    from pipelines.families import BY_NAME
+    row = {**_row(None), "checkpoint_timeout_ms": 1000.0, "checkpoint_timeout_eta_s": 240.0,
+           "checkpoint_timeout_eta_low_s": 180.0, "checkpoint_timeout_eta_high_s": 360.0,
+           "checkpoint_duration_fitted_over_s": 300.0, "vertex_state_size_bytes": 1e6,
+           "vertex_state_rel_slope_per_h": 36.0}  # +10 KB/s: a 10 MB limit in 900 s
+    found = BY_NAME["state_leak"].forecasts(row, 10_000_000, 900.0)
+    assert [f["metric"] for f in found] == ["checkpoint_duration_ms", "state_size_bytes"]
+    assert found[0] == {"metric": "checkpoint_duration_ms", "limit": 1000, "limit_source": "job", "eta_ms": 240_000,
+                        "eta_low_ms": 180_000, "eta_high_ms": 360_000, "fitted_over_ms": 300_000,
+                        "method": "linear_trend"}
+    assert BY_NAME["state_leak"].forecasts(row, None, 120.0) == []  # beyond the warning horizon, no limit
+    assert BY_NAME["anomaly"].forecasts(row, None, 900.0) == []
+    from pipelines.families.base import timeout_warning
+    assert timeout_warning(found) == "; checkpoints will exceed their 1s timeout in ~4 min (3 min-6 min)"
