@@ -109,7 +109,8 @@ def merge_runs(source: Path, target: Path) -> list[str]:
     return sorted(runs)
 
 
-def unsound(variant: LabVariant, events: Sequence[dict], cancelled_at: int | None = None) -> str | None:
+def unsound(variant: LabVariant, events: Sequence[dict], cancelled_at: int | None = None,
+            submitted_at: int | None = None) -> str | None:
     """Why a recorded run does not show its scenario (the lab failed, not the job), or None. A
     restart after the lab asked the job to stop (Flink 1.20 restarts a job whose stop-with-savepoint
     failed) is the lab ending the run, not the scenario."""
@@ -120,6 +121,11 @@ def unsound(variant: LabVariant, events: Sequence[dict], cancelled_at: int | Non
                     and (cancelled_at is None or e["ts"] < cancelled_at)), default=0)
     if restarts and not variant.job_args.get("fail-after-s") and "fail-onset-ms" not in variant.onset_args:
         return f"{restarts} restarts the scenario does not cause"
+    ends = [fault.end_s for fault in variant.faults if fault.end_s is not None]
+    if ends and submitted_at is not None and events:
+        first = min(e["ts"] for e in events)
+        if at_ms(submitted_at, min(ends)) <= first:
+            return "its fault ended before the job's first event (the submission outlasted it)"
     if variant.expect_failures is not None:
         failed = len(failed_checkpoints(events, cancelled_at))
         if variant.expect_failures and not failed:
@@ -391,7 +397,7 @@ class LabSession:
                     if finished:
                         del active[job_id]
                         events = by_job.pop(job_id, [])
-                        problem = unsound(run.variant, events, run.cancelled_at)
+                        problem = unsound(run.variant, events, run.cancelled_at, run.submitted_at)
                         if problem and run.variant.run_id not in retried:
                             retried.add(run.variant.run_id)
                             pending.insert(0, run.variant)

@@ -95,13 +95,14 @@ def test_the_new_grids_keep_three_runs_a_scenario_across_the_splits_and_leave_th
     recorded = {run_id: run["split"] for run_id, run in manifest["runs"].items()}
     runs = grids.growth() + grids.buildup() + grids.hour()
     assert len({v.run_id for v in runs}) == len(runs)
-    assert not {v.run_id for v in runs} & set(recorded)  # only added, no run id reused
-    # The grids that were there before are unchanged: their splits are the ones they were recorded with.
-    for grid in (grids.corpus, grids.long_runs, grids.sql):
-        for version in grids.LAB_VERSIONS:
-            for v in grid(version=version):
-                if v.run_id in recorded:
-                    assert recorded[v.run_id] == v.split, v.run_id
+    older = [v for grid in (grids.corpus, grids.long_runs, grids.sql) for version in grids.LAB_VERSIONS
+             for v in grid(version=version)]
+    assert not {v.run_id for v in runs} & {v.run_id for v in older}  # only added, no run id reused
+    # Every recorded run is in the split its grid gives it: the grids that were there before are
+    # unchanged, and the new ones were recorded with the splits they have.
+    for v in older + runs:
+        if v.run_id in recorded:
+            assert recorded[v.run_id] == v.split, v.run_id
     short = [v for v in grids.growth() + grids.buildup() if v.length == "short" and v.kind != SQL]
     # leak_late's 40-minute onset makes a long run (a stratum of its own): its two short runs go to test and train.
     assert sorted(v.split for v in short if v.scenario == "leak_late") == ["test", "train"]
@@ -119,3 +120,13 @@ def test_a_sql_cep_leak_is_found_on_the_match_vertex():
     events[1]["vertex_id"] = "m" * 32
     truth = lab.ground_truth(sql_cep_leak(), job_id, "j", events, 0, 0)
     assert truth["faults"][0]["vertex_name"] == "Match[4] -> results[5]: Writer"
+
+
+def test_a_fixed_leak_whose_fix_came_before_the_job_ran_is_unsound():
+    # A submission that took minutes on a loaded machine: the fix's epoch passed before the first record.
+    job_id = "g" * 32
+    variant = leak_fixed(180)
+    late = [_checkpoint(job_id, ts) for ts in (400_000, 403_000, 406_000)]
+    assert "ended before" in lab.unsound(variant, late, submitted_at=0)
+    early = [_checkpoint(job_id, ts) for ts in (20_000, 23_000, 26_000)]
+    assert lab.unsound(variant, early, submitted_at=0) is None
