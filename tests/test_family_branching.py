@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 from pipelines.families import FAMILIES
-from tests.test_import_layers import ROOT, product_modules
+from tests.helpers.modules import ROOT, product_modules
 
 ALLOWED = ("pipelines.families", "pipelines.lab", "pipelines.simulator")
 CONSTANTS = {"STATE_LEAK", "BACKPRESSURE", "SKEW", "CHECKPOINT_FAILURE", "ANOMALY"}

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pipelines", "models", "feature_store")
+from tests.helpers.modules import PACKAGES, ROOT, product_modules
 
 # Lowest first. A module belongs to the longest prefix listed (pipelines.detection.job to
 # pipelines.detection). Each layer may import its own and the ones before it, never one after it.
@@ -43,15 +42,6 @@ def layer_of(module: str) -> int | None:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = index, len(prefix)
     return best
-
-
-def module_name(path: Path, root: Path = ROOT) -> str:
-    parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def product_modules(root: Path = ROOT) -> dict[str, Path]:
-    return {module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
 
 
 def imported(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:

@@ -1,0 +1,17 @@
+"""The product's modules as the structural tests read them (the import layers, family branching)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("pipelines", "models", "feature_store")
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def product_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
