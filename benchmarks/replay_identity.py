@@ -28,7 +28,7 @@ at: see BENCHMARKS.md, "Replay identity"):
     .venv/bin/python benchmarks/replay_identity.py OUT [--keep-work]
     .venv/bin/python benchmarks/replay_identity.py OUT --compare BASELINE_OUT
 
-``--jobs-per-scenario 1 --minutes 45`` trains on a smaller simulated dataset (every scenario
+``--minutes 30`` trains on a smaller simulated dataset (every scenario
 still, and the whole corpus): quicker, as deterministic, and compared only with a baseline made
 with the same options (``OUT/parameters.json``).
 """
@@ -87,8 +87,11 @@ def train(work: Path, jobs_per_scenario: int, minutes: int, progress) -> tuple[o
     from pipelines.spark_session import build_spark
 
     simulated = work / "datasets" / "simulated"
-    simulator.write_dataset(simulated, list(simulator.CATALOGUE), jobs_per_scenario=jobs_per_scenario,
-                            seed=SIMULATED_SEED, duration_ms=minutes * 60_000)
+    manifest = simulator.write_dataset(simulated, list(simulator.CATALOGUE), jobs_per_scenario=jobs_per_scenario,
+                                       seed=SIMULATED_SEED, duration_ms=minutes * 60_000)
+    if not manifest["splits"][SPLIT]["jobs"]:
+        # Each scenario's jobs are split 60/20/20: too few leave the simulator's test runs empty.
+        raise SystemExit(f"--jobs-per-scenario {jobs_per_scenario} leaves the simulated {SPLIT} split empty; use 3 or more")
     state_dir = work / "state"
     config = load_config(environ=environment(state_dir), base_dir=state_dir)
     spark = build_spark(config, "replay-identity")
