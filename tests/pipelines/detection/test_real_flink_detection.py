@@ -9,10 +9,11 @@ features, the champions, their post-rules and the incident policy, judged run by
 
 from __future__ import annotations
 
+import shutil
 
 import pytest
 
-from pipelines.datasets import read_jsonl
+from pipelines.datasets import read_jsonl, write_jsonl
 from pipelines.detection.champions import ChampionCache
 from pipelines.families import BACKPRESSURE, CHECKPOINT_FAILURE, SKEW, STATE_LEAK
 from pipelines.reports.backtest import evaluate_dataset, write_report
@@ -24,10 +25,29 @@ SUDDEN_SKEW_WITHIN_S = 40.0  # the 30 s aimed at; one 1.20 run at parallelism 2 
 ROUNDING_S = 0.001  # delays are in seconds of millisecond timestamps
 
 
+# The runs the lab recorded for issues 57 and 58 (bounded key spaces, near-horizon warm-ups, late
+# and fixed leaks, build-ups to failure, hour-long runs, CEP and bounded SQL state): judged by
+# those issues' own measures, not by the bounds below, which are the earlier split's.
+NEW_SCENARIOS = ("bounded_keys", "ttl_horizon", "leak_late", "leak_fixed", "leak_to_timeout", "leak_to_limit",
+                 "sql_bounded_keys", "sql_cep_leak", "sql_cep_bounded", "sql_join_ttl")
+
+
+def _earlier(run_id: str) -> bool:
+    return not run_id.startswith(NEW_SCENARIOS) and "-d62m" not in run_id
+
+
 @pytest.fixture(scope="module")
-def evaluation(spark, trained_store):
+def evaluation(spark, trained_store, tmp_path_factory):
+    """The test split as it was before issues 57 and 58 added runs to it."""
+    folder = tmp_path_factory.mktemp("earlier-split")
+    truths = [t for t in read_jsonl(LAB_CORPUS / "test" / "ground_truth.jsonl") if _earlier(t["run_id"])]
+    jobs = {t["job_id"] for t in truths}
+    events = [e for e in read_jsonl(LAB_CORPUS / "test" / "events.jsonl.gz") if e["job_id"] in jobs]
+    write_jsonl(folder / "test" / "events.jsonl.gz", events)
+    write_jsonl(folder / "test" / "ground_truth.jsonl", truths)
+    shutil.copy(LAB_CORPUS / "manifest.json", folder / "manifest.json")  # the runs' strata
     models = ChampionCache(trained_store).require()
-    return evaluate_dataset(trained_store, LAB_CORPUS, "test", models)
+    return evaluate_dataset(trained_store, folder, "test", models)
 
 
 def delays_of(evaluation, family: str) -> list[tuple[str, float]]:
