@@ -576,6 +576,22 @@ class JobFeatureState:
                 self.trajectory_spacing_ms *= 2
             self.trajectory = [e for e in self.trajectory if e[0] >= ts - LONG_WINDOW_MS]
 
+    def rebuild_growth_history(self) -> None:
+        """The growth window, the trajectory and the durations from the checkpoint buffers a state
+        stored before they existed (the long one, the recent and the short ones): a job that was
+        already watched keeps its history across the upgrade instead of warming up again."""
+        points = {e[0]: [e[0], e[1], dict(zip(self.long_vertices, e[2]))] for e in self.completed_long}
+        for entry in self.recent + self.completed:
+            points[entry[0]] = [entry[0], entry[1], {vid: sizes[0] for vid, sizes in entry[3].items()}]
+        self.growth_window, self.trajectory, self.trajectory_spacing_ms = [], [], 1000.0
+        self.trajectory_fits, self.durations = {}, []
+        for ts, total, states in sorted(points.values(), key=lambda p: p[0]):
+            self._grow(ts, total, {vid: state for vid, state in states.items() if state is not None})
+        for ts, failed, duration_ms, _ in self.checkpoints:
+            if not failed and duration_ms is not None:
+                growth.thin_append(self.durations, [ts, duration_ms], growth.FORECAST_WINDOW_MS / growth.WINDOW_POINTS)
+        self.durations = growth.window(self.durations, growth.FORECAST_WINDOW_MS, growth.FORECAST_MIN_POINTS)
+
     def _growth_features(self, key: str, prefix: str) -> dict[str, float | None]:
         """The growth test and the shape of the growth of the job's state (``key`` JOB) or a vertex's."""
         def series(entries: list) -> list:

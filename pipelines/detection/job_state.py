@@ -5,6 +5,9 @@ A stored state is JSON. Its versions:
 
 1. ``{"machine": {...}, "policy": {...}}`` (before states had a version).
 2. ``{"version": 2, "machine": {...}, "policy": {...}}``: the same, with its version.
+3. ``{"version": 3, ...}``: the same keys; the machine has the growth test's buffers (the growth
+   window, the trajectory, the checkpoint durations), rebuilt on migration from the checkpoint
+   buffers an earlier version stored.
 
 ``machine`` holds :class:`~feature_store.job_features.JobFeatureState`'s fields: a field the
 stored state lacks takes the field's default (a field added since, with a default that suits a
@@ -25,7 +28,7 @@ import orjson
 
 from feature_store.job_features import JobFeatureState
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 class StoredJobStateV1(TypedDict):
@@ -34,7 +37,7 @@ class StoredJobStateV1(TypedDict):
 
 
 class StoredJobState(TypedDict):
-    """The current layout (version 2)."""
+    """The layout of versions 2 and 3 (the current one)."""
 
     version: int
     machine: dict[str, Any]
@@ -46,12 +49,25 @@ class StoredStateError(ValueError):
 
 
 def _v1_to_v2(stored: StoredJobStateV1) -> StoredJobState:
-    return {"version": 2, "machine": stored["machine"], "policy": stored["policy"]}
+    return {"version": 2, "machine": stored["machine"], "policy": stored["policy"]}  # type: ignore[typeddict-item]
+
+
+GROWTH_BUFFERS = ("growth_window", "trajectory", "trajectory_spacing_ms", "trajectory_fits", "durations")
+
+
+def _v2_to_v3(stored: StoredJobState) -> StoredJobState:
+    machine = stored["machine"]
+    if not any(name in machine for name in GROWTH_BUFFERS):
+        state = machine_from(machine)
+        state.rebuild_growth_history()
+        machine = orjson.loads(orjson.dumps(state.orjson_fields(), option=orjson.OPT_SERIALIZE_NUMPY))
+    return {"version": 3, "machine": machine, "policy": stored["policy"]}
 
 
 # Version n's migration to n + 1, and each version's keys.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
-LAYOUT_KEYS = {1: frozenset(StoredJobStateV1.__annotations__), 2: frozenset(StoredJobState.__annotations__)}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
+LAYOUT_KEYS = {1: frozenset(StoredJobStateV1.__annotations__), 2: frozenset(StoredJobState.__annotations__),
+               3: frozenset(StoredJobState.__annotations__)}
 MACHINE_FIELDS = frozenset(f.name for f in dataclasses.fields(JobFeatureState))
 
 

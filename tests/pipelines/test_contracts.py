@@ -21,6 +21,8 @@ INCIDENT_EXAMPLE = {
     "summary": "State of CEP grows 41%/h with no levelling off; 5 MiB limit in ~40 s",
     "evidence": {"state_size_relative_slope_per_h": 0.41, "recent_state_size_bytes": [11300000, 20900000]},
     "forecast": {"metric": "state_size_bytes", "limit": 5242880, "eta_ms": 40000},
+    "forecasts": [{"metric": "state_size_bytes", "limit": 5242880, "limit_source": "config", "limit_ratio": 0.62,
+                   "eta_ms": 40000, "eta_low_ms": 31000, "eta_high_ms": 52000, "fitted_over_ms": 300000, "method": "linear_trend"}],
     "runbook": ["Set a state TTL on the CEP operator's keyed state."],
     "labels": {"cluster": "prod-eu", "family": "state_leak", "severity": "critical"},
     # Optional (additive to v1): the effects folded into this incident.

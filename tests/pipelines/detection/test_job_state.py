@@ -18,7 +18,7 @@ from feature_store.job_features import JobFeatureState, features_for_events
 from feature_store.offline_store import read_features
 from pipelines.detection.flink_job import FlinkJobState
 from pipelines.detection.job import DETECTION_QUERY
-from pipelines.detection.job_state import STATE_VERSION, StoredStateError, decode, encode, migrate
+from pipelines.detection.job_state import GROWTH_BUFFERS, STATE_VERSION, StoredStateError, decode, encode, migrate
 from pipelines.detection.spark_state import relocate_checkpoint
 from tests.helpers.detection_job import publish, read_topic
 
@@ -29,19 +29,26 @@ def v1_blob() -> bytes:
     return (FIXTURE / "leak_job_state.v1.json").read_bytes()
 
 
-def test_a_version_1_state_migrates_to_the_current_layout_unchanged():
+def test_a_version_1_state_migrates_to_the_current_layout_its_growth_history_rebuilt():
     stored = orjson.loads(v1_blob())
     assert "version" not in stored  # as the code before versions wrote it
     current = migrate(orjson.loads(v1_blob()))
-    assert current == {"version": STATE_VERSION, "machine": stored["machine"], "policy": stored["policy"]}
+    assert current["version"] == STATE_VERSION and current["policy"] == stored["policy"]
+    assert {k: current["machine"][k] for k in stored["machine"]} == stored["machine"]
+    # The growth test's buffers (version 3), from the checkpoints the stored buffers hold.
+    machine = current["machine"]
+    times = {e[0] for e in stored["machine"]["completed_long"] + stored["machine"]["completed"]}
+    assert machine["trajectory"] and {e[0] for e in machine["trajectory"]} <= times
+    assert machine["growth_window"][-1][0] == max(times) and len(machine["growth_window"]) >= 10
+    assert machine["durations"] and machine["durations"][-1][0] == stored["machine"]["checkpoints"][-1][0]
     job = FlinkJobState.from_bytes(v1_blob())
     assert job.policy == stored["policy"] and job.policy  # the job's open incident among it
     rewritten = orjson.loads(job.to_bytes())
     assert rewritten["version"] == STATE_VERSION and rewritten["policy"] == stored["policy"]
-    assert {k: rewritten["machine"][k] for k in stored["machine"]} == stored["machine"]
-    # A field added to the feature state since version 1 was written: its default.
+    assert rewritten["machine"] == machine
+    # Any other field added to the feature state since version 1 was written: its default.
     defaults = orjson.loads(FlinkJobState().to_bytes())["machine"]
-    added = rewritten["machine"].keys() - stored["machine"].keys()
+    added = rewritten["machine"].keys() - stored["machine"].keys() - set(GROWTH_BUFFERS)
     assert {k: rewritten["machine"][k] for k in added} == {k: defaults[k] for k in added}
     assert FlinkJobState.from_bytes(job.to_bytes()).to_bytes() == job.to_bytes()
 
@@ -64,7 +71,7 @@ def test_a_field_the_stored_state_lacks_takes_its_default_and_one_it_does_not_kn
     ({"version": "2"}, r"has version '2': not a version"),
     ({"version": 0}, r"has version 0: not a version"),
     ({"extra": 1}, r"of version 1 has the keys \['extra', 'machine', 'policy'\], not \['machine', 'policy'\]"),
-    ({"version": 2, "extra": 1}, r"of version 2 has the keys \['extra', 'machine', 'policy', 'version'\]"),
+    ({"version": 3, "extra": 1}, r"of version 3 has the keys \['extra', 'machine', 'policy', 'version'\]"),
 ])
 def test_a_state_this_code_cannot_read_is_an_error_not_a_fresh_start(layout, error):
     stored = {**orjson.loads(v1_blob()), **layout}

@@ -30,7 +30,7 @@ def test_python_connector_keeps_secrets_in_an_option_spark_redacts(tmp_path):
                         kafka__security__sasl_password_file=str(tmp_path / "password"))
     _, options = _format_and_options(config)
     assert json.loads(options["clientOptions"]) == {
-        "bootstrap_timeout_ms": 15000, "security_protocol": "SASL_SSL", "ssl_check_hostname": True,
+        "bootstrap_timeout_ms": 10000, "security_protocol": "SASL_SSL", "ssl_check_hostname": True,
         "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "sentinel"}
     # Spark redacts the value of any option whose key matches spark.redaction.regex ("secret").
     assert json.loads(options["clientSecrets"]) == {"sasl_plain_password": 's3cr3t "pw"'}

@@ -118,4 +118,4 @@ def test_cli_rejects_bad_parameters_with_exit_2(tmp_path):
     assert result.returncode == 2
     assert "unknown scenario 'nope'" in result.stderr and "Traceback" not in result.stderr
     result = _sentinel("simulate", "--scenario", "leak_linear")
-    assert result.returncode == 2 and "--out FILE.jsonl, --kafka or --dataset DIR" in result.stderr
+    assert result.returncode == 2 and "--out FILE.jsonl, --kafka or --out-dataset DIR" in result.stderr
