@@ -90,15 +90,18 @@ def test_a_broken_dataset_stops_before_anything_is_registered(spark, tmp_path):
 
 
 def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, trained_store):
-    """A dry run against the session's champions: a detector that sees only the job's age and
+    """A dry run against the session's champions: a skew detector that sees only the job's age and
     checkpoint interval, judged on the lab's validation runs as the job would run it, is worse than
     the champion on faults found, false incidents or false families, and the gate says which.
-    (Trained on the real-Flink corpus alone: the gate judges its runs whatever else is trained on.)"""
+    (Trained on the real-Flink corpus alone: the gate judges its runs whatever else is trained on.
+    Not backpressure: a blind backpressure model, behind its evidence guard (upstream
+    backpressure), tied its champion on those runs: 4 of 4 faults, no more false incidents or
+    families.)"""
     blind = {"features": (("job_age_checkpoints", "checkpoint_interval_ms"),)}
     registry.use_config(trained_store)
-    challenger_before = registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER)
+    challenger_before = registry.alias_version(trained_store.mlflow.models.skew, registry.CHALLENGER)
     lines: list[str] = []
-    (outcome,) = run_training(spark, trained_store, [LAB_CORPUS], families=["backpressure"], grid=blind,
+    (outcome,) = run_training(spark, trained_store, [LAB_CORPUS], families=["skew"], grid=blind,
                               dry_run=True, progress=lines.append)
     assert not outcome.promoted and outcome.version is None
     new, old = outcome.challenger_gate, outcome.champion
@@ -106,12 +109,12 @@ def test_the_gate_refuses_a_challenger_that_regresses_on_real_flink_runs(spark, 
                                                ("false_incidents", "false incidents", 1),
                                                ("false_families_on_faulty", "false families on faulty runs", 1))
              if sign * (new[metric] - old[metric]) > 0}
-    assert worse, (new, old)
+    assert worse, (dict(new), dict(old))
     said = {m.group(1) for r in outcome.reasons
             if (m := re.match(r"on the real-Flink validation runs: (.+) \d+ is worse than the champion's", r))}
     assert said == worse, outcome.reasons
     registry.use_config(trained_store)  # a dry run registers nothing and moves no alias
-    assert registry.alias_version(trained_store.mlflow.models.backpressure, registry.CHALLENGER) == challenger_before
+    assert registry.alias_version(trained_store.mlflow.models.skew, registry.CHALLENGER) == challenger_before
 
 
 def test_the_anomaly_rule_is_calibrated_beside_the_models_it_runs_with(spark, trained_store):
