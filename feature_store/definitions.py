@@ -57,6 +57,26 @@ _FORECAST = (f"completed checkpoints of the last {FORECAST_WINDOW_MS // 60_000} 
 _HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to {TRAJECTORY_POINTS}"
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
+
+def _growth_features(prefix: str, level: str, subject: str) -> tuple[Feature, ...]:
+    """The growth test's and the growth shape's features of the job's full state or a vertex's."""
+    return (
+        Feature(f"{prefix}growth_low_per_h", "state_leak", level, "1/h", _GROWTH,
+                f"lower 95 % bound of the relative slope of {subject} (error widened for autocorrelated residuals)"),
+        Feature(f"{prefix}growth_high_per_h", "state_leak", level, "1/h", _GROWTH, "upper 95 % bound of that slope"),
+        Feature(f"{prefix}recent_growth_low_per_h", "state_leak", level, "1/h", _RECENT,
+                f"lower 95 % bound of the relative slope of {subject} since its last change of pace: above 0 while "
+                "it still grows"),
+        Feature(f"{prefix}filling", "state_leak", level, "0/1", _HISTORY,
+                f"1 if {subject} decelerates toward an asymptote (a saturating curve explains its history, with no "
+                "linear growth beside it, and its growth now is the curve's); null with too short a history"),
+        Feature(f"{prefix}plateau_bytes", "state_leak", level, "bytes", _HISTORY,
+                f"where {subject} levels off, when it is filling (null otherwise)"),
+        Feature(f"{prefix}plateau_eta_s", "state_leak", level, "s", _HISTORY,
+                f"seconds until {subject} is within 1 % of its plateau, when it is filling"),
+    )
+
+
 FEATURES: tuple[Feature, ...] = (
     # --- context ---------------------------------------------------------------------------------
     Feature("job_age_checkpoints", "context", "job", "checkpoints", "since first seen",
@@ -81,18 +101,7 @@ FEATURES: tuple[Feature, ...] = (
             f"full state over the highest plateau it held (>= {FLAT_MIN_POINTS} checkpoints over >= "
             f"{FLAT_MIN_SPAN_MS // 1000} s trending by at most {FLAT_MAX_GROWTH:.0%}); null before any: above 1, growth "
             "resumed after a plateau, which is not warm-up"),
-    Feature("state_growth_low_per_h", "state_leak", "job", "1/h", _GROWTH,
-            "lower 95 % bound of the relative slope of full state (error widened for autocorrelated residuals)"),
-    Feature("state_growth_high_per_h", "state_leak", "job", "1/h", _GROWTH, "upper 95 % bound of that slope"),
-    Feature("state_recent_growth_low_per_h", "state_leak", "job", "1/h", _RECENT,
-            "lower 95 % bound of the relative slope of full state since its last change of pace: above 0 while it still grows"),
-    Feature("state_filling", "state_leak", "job", "0/1", _HISTORY,
-            "1 if full state decelerates toward an asymptote (a saturating curve explains its history, with no "
-            "linear growth beside it, and its growth now is the curve's); null with too short a history"),
-    Feature("state_plateau_bytes", "state_leak", "job", "bytes", _HISTORY,
-            "where full state levels off, when it is filling (null otherwise)"),
-    Feature("state_plateau_eta_s", "state_leak", "job", "s", _HISTORY,
-            "seconds until full state is within 1 % of its plateau, when it is filling"),
+    *_growth_features("state_", "job", "full state"),
     Feature("checkpointed_rel_slope_per_h", "state_leak", "job", "1/h", _SHORT,
             "relative slope of the persisted (checkpointed) size; flat under incremental checkpoints"),
     Feature("state_growth_bytes_per_record", "state_leak", "job", "bytes/record", _SHORT,
@@ -139,18 +148,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("vertex_state_rel_slope_long_per_h", "state_leak", "vertex", "1/h", _LONG, "relative slope of the vertex's state, long horizon"),
     Feature("vertex_state_r2_long", "state_leak", "vertex", "ratio", _LONG, "R^2 of the vertex's state, long horizon"),
     Feature("vertex_state_deceleration", "state_leak", "vertex", "ratio", _LONG, "later-half over earlier-half slope of the vertex's state"),
-    Feature("vertex_state_growth_low_per_h", "state_leak", "vertex", "1/h", _GROWTH,
-            "lower 95 % bound of the relative slope of the vertex's state (error widened for autocorrelated residuals)"),
-    Feature("vertex_state_growth_high_per_h", "state_leak", "vertex", "1/h", _GROWTH, "upper 95 % bound of that slope"),
-    Feature("vertex_state_recent_growth_low_per_h", "state_leak", "vertex", "1/h", _RECENT,
-            "lower 95 % bound of the relative slope of the vertex's state since its last change of pace: above 0 while it still grows"),
-    Feature("vertex_state_filling", "state_leak", "vertex", "0/1", _HISTORY,
-            "1 if the vertex's state decelerates toward an asymptote (a saturating curve explains its history, with no "
-            "linear growth beside it, and its growth now is the curve's); null with too short a history"),
-    Feature("vertex_state_plateau_bytes", "state_leak", "vertex", "bytes", _HISTORY,
-            "where the vertex's state levels off, when it is filling (null otherwise)"),
-    Feature("vertex_state_plateau_eta_s", "state_leak", "vertex", "s", _HISTORY,
-            "seconds until the vertex's state is within 1 % of its plateau, when it is filling"),
+    *_growth_features("vertex_state_", "vertex", "the vertex's state"),
     Feature("vertex_limit_ratio", "state_leak", "vertex", "ratio", "latest", "largest subtask state of the vertex over the limit"),
     Feature("vertex_state_over_prior_max", "state_leak", "vertex", "ratio", "since first seen",
             "the vertex's state over its largest state before the short window"),
