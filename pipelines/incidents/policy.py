@@ -55,13 +55,13 @@ import numpy as np
 import pandas as pd
 
 from models.post_rule import DEFAULT_WARMUP_HORIZON_S, GROWTH_COLUMNS, PostRule
+from pipelines.contracts import SCHEMA_VERSION
+from pipelines.contracts import TERMINAL_JOB_STATES as TERMINAL_STATES
 from pipelines.families import (ALERTNAMES, BY_NAME, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED, ONE_PER_JOB,
                                 SAME_VERTEX)
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 
-SCHEMA_VERSION = 1
-TERMINAL_STATES = ("FINISHED", "CANCELED", "FAILED")
 RECENT_VALUES = 6  # raw values kept per entity for the evidence
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
