@@ -49,7 +49,7 @@ class StoredStateError(ValueError):
 
 
 def _v1_to_v2(stored: StoredJobStateV1) -> StoredJobState:
-    return {"version": 2, "machine": stored["machine"], "policy": stored["policy"]}  # type: ignore[typeddict-item]
+    return {"version": 2, "machine": stored["machine"], "policy": stored["policy"]}
 
 
 GROWTH_BUFFERS = ("growth_window", "trajectory", "trajectory_spacing_ms", "trajectory_fits", "durations")
