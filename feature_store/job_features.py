@@ -547,9 +547,7 @@ class JobFeatureState:
             self._plateau(vid, [[e[0], e[3][vid][0]] for e in window if vid in e[3]])
         self._grow(ts, entry[1], {vid: sizes[0] for vid, sizes in per_vertex.items()})
         if event.get("end_to_end_duration_ms") is not None:
-            growth.thin_append(self.durations, [ts, event["end_to_end_duration_ms"]],
-                               growth.FORECAST_WINDOW_MS / growth.WINDOW_POINTS)
-            self.durations = growth.window(self.durations, growth.FORECAST_WINDOW_MS, growth.FORECAST_MIN_POINTS)
+            self._add_duration(ts, event["end_to_end_duration_ms"])
         spacing = LONG_WINDOW_MS / LONG_BUFFER_POINTS
         if not self.completed_long or ts - self.completed_long[-1][0] >= spacing:
             # What the long-horizon trends read, the vertices by their place in long_vertices (a
@@ -589,7 +587,11 @@ class JobFeatureState:
             self._grow(ts, total, {vid: state for vid, state in states.items() if state is not None})
         for ts, failed, duration_ms, _ in self.checkpoints:
             if not failed and duration_ms is not None:
-                growth.thin_append(self.durations, [ts, duration_ms], growth.FORECAST_WINDOW_MS / growth.WINDOW_POINTS)
+                self._add_duration(ts, duration_ms)
+
+    def _add_duration(self, ts: int, duration_ms: float) -> None:
+        """Add a completed checkpoint's end-to-end duration to what the timeout forecast fits."""
+        growth.thin_append(self.durations, [ts, duration_ms], growth.FORECAST_WINDOW_MS / growth.WINDOW_POINTS)
         self.durations = growth.window(self.durations, growth.FORECAST_WINDOW_MS, growth.FORECAST_MIN_POINTS)
 
     def _growth_features(self, key: str, prefix: str) -> dict[str, float | None]:
