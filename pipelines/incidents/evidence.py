@@ -14,13 +14,8 @@ from pipelines.families import BY_NAME
 from pipelines.families.base import human_duration, num, timeout_warning
 from pipelines.families.state_leak import LIMIT_COLUMNS, configured_limit_eta_s
 
-__all__ = ["LIMIT_COLUMNS", "configured_limit_eta_s", "evidence", "forecast", "forecasts", "human_duration", "runbook",
-           "severity", "subtask_of", "summary", "timeout_warning"]
-
-
-def forecast(family: str, row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
-    """The family's forecast at ``row`` (None if it makes none or sees no limit)."""
-    return BY_NAME[family].forecast(row, configured_limit)
+__all__ = ["LIMIT_COLUMNS", "configured_limit_eta_s", "evidence", "forecasts", "human_duration", "runbook", "severity",
+           "subtask_of", "summary", "timeout_warning"]
 
 
 def forecasts(family: str, row: Mapping[str, Any], job_settings) -> list[dict]:
