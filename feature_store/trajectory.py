@@ -35,9 +35,9 @@ RECENT_MIN_POINTS = 4
 WINDOW_POINTS = 40  # the growth window's buffer is thinned to about this many points
 TRAJECTORY_POINTS = 64  # the history's buffer: thinned by halves to at most this many points
 TRAJECTORY_MIN_POINTS = 12
-REFIT_POINTS = 4
+REFIT_POINTS = 4  # the history's curve is fitted again after this many new points
 FORECAST_WINDOW_MS = 300_000  # a metric's trend toward its limit: the last five minutes
-FORECAST_MIN_POINTS = 10  # the history's curve is fitted again after this many new points
+FORECAST_MIN_POINTS = 10  # and at least this many points of it
 TRAJECTORY_MIN_SPAN_MS = 120_000
 # Saturating curves tried, as fractions of the history's span: up to one and a half spans, a fill
 # seen for a fraction of its time constant already bends measurably; beyond, it is a line.
