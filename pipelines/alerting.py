@@ -57,8 +57,9 @@ from pipelines.config import HttpClientSecurity, SentinelConfig
 from pipelines.contracts import SEVERITIES
 from pipelines.errors import SetupError
 from pipelines.families import ALERTNAMES, FAMILIES
+from pipelines.families.base import eta_text, limit_text
 from pipelines.io import http_security, kafka_clients
-from pipelines.reports.incident_view import page_file
+from pipelines.reports.incident_view import page_file, soonest_forecast
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,13 @@ def to_alert(incident: dict, ends_at_ms: int, incident_url: str | None = None) -
                    "score": f"{incident['score']:.2f}"}
     if incident.get("forecast"):
         annotations["forecast"] = json.dumps(incident["forecast"], sort_keys=True)
+    forecast = soonest_forecast(incident)
+    if forecast and incident.get("event") != "resolved":
+        # What a notification template can print as it is, beside the JSON for tools.
+        annotations["eta"] = eta_text(forecast)
+        annotations["eta_at"] = _iso(incident["updated_at"] + max(int(forecast["eta_ms"]), 0))
+        annotations["limit"] = limit_text(forecast)
+        annotations["forecasts"] = json.dumps(incident.get("forecasts") or [forecast], sort_keys=True)
     if incident.get("symptoms"):
         annotations["symptoms"] = ", ".join(s["family"] for s in incident["symptoms"])
     if incident_url:

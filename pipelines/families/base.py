@@ -212,11 +212,30 @@ def timeout_warning(forecasts: list[dict]) -> str:
         return ""
     if timeout["eta_ms"] <= 0:
         return f"; checkpoints take their {human_duration(timeout['limit'] / 1000)} timeout now"
-    high = timeout.get("eta_high_ms")
-    band = (f" ({human_duration(timeout['eta_low_ms'] / 1000)}-{human_duration(high / 1000)})" if high is not None
-            else f" (or later: from {human_duration(timeout['eta_low_ms'] / 1000)})")
-    return (f"; checkpoints will exceed their {human_duration(timeout['limit'] / 1000)} timeout in "
-            f"~{human_duration(timeout['eta_ms'] / 1000)}{band}")
+    return f"; checkpoints will exceed their {human_duration(timeout['limit'] / 1000)} timeout in {eta_text(timeout)}"
+
+
+def eta_text(forecast: Mapping[str, Any]) -> str:
+    """A forecast's ETA with its band, as incidents say it: "~4 min (3 min-6 min)", "~4 min (or
+    later: from 3 min)" where the band is open above, "now" once the limit is reached."""
+    if forecast["eta_ms"] <= 0:
+        return "now"
+    low, high = forecast.get("eta_low_ms"), forecast.get("eta_high_ms")
+    band = ("" if low is None else f" ({human_duration(low / 1000)}-{human_duration(high / 1000)})" if high is not None
+            else f" (or later: from {human_duration(low / 1000)})")
+    return f"~{human_duration(forecast['eta_ms'] / 1000)}{band}"
+
+
+def limit_text(forecast: Mapping[str, Any]) -> str:
+    """What a forecast runs into, in words: "the 3s checkpoint timeout", "the 5.0 MB state limit
+    (config)"."""
+    limit, source = forecast.get("limit"), forecast.get("limit_source") or "?"
+    if forecast["metric"] == "checkpoint_duration_ms" and limit:
+        return f"the {human_duration(limit / 1000)} checkpoint timeout"
+    if limit:
+        return f"the {mb(limit)} state limit ({source})"
+    ratio = forecast.get("limit_ratio")
+    return f"the state limit ({source}" + (f", at {ratio:.0%} now)" if ratio is not None else ")")
 
 
 def fired(condition: pd.Series) -> np.ndarray:

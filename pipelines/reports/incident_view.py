@@ -13,6 +13,7 @@ from typing import Callable, Iterator
 
 from pipelines.config import SentinelConfig
 from pipelines.display import fit, printable, utc_time
+from pipelines.families.base import eta_text, limit_text
 from pipelines.io import kafka_clients
 
 HEADER = f"{'event time (UTC)':<19}  {'event':<8} {'severity':<8} {'family':<18} {'job / vertex':<44} summary"
@@ -27,10 +28,18 @@ def format_incident(incident: dict) -> str:
     if incident.get("subtask_index") is not None:
         where += f" #{incident['subtask_index']}"
     summary = str(incident["summary"])
-    if incident.get("forecast") and incident["event"] != "resolved":
-        summary += f"  (ETA {incident['forecast']['eta_ms'] / 60000:.0f} min)"
+    forecast = soonest_forecast(incident)
+    if forecast and incident["event"] != "resolved":
+        summary += f"  (ETA {eta_text(forecast)} to {limit_text(forecast)})"
     return (f"{utc_time(incident.get('updated_at')):<19}  {fit(MARK.get(incident['event'], incident['event']), 8)} "
             f"{fit(incident['severity'], 8)} {fit(incident['family'], 18)} {fit(where, 44)} {printable(summary)}")
+
+
+def soonest_forecast(incident: dict) -> dict | None:
+    """The incident's soonest forecast (``forecasts`` are soonest first; ``forecast`` is what an
+    incident published before they existed carries)."""
+    forecasts = incident.get("forecasts") or []
+    return forecasts[0] if forecasts else incident.get("forecast")
 
 
 def follow(config: SentinelConfig, from_beginning: bool = False, timeout_s: float | None = None,

@@ -330,6 +330,26 @@ def test_an_incident_url_names_the_page_sentinel_report_writes_for_the_id():
     assert "/../" not in link and "?" not in link and "#" not in link
 
 
+TIMEOUT_FORECAST = {"metric": "checkpoint_duration_ms", "limit": 3000, "limit_source": "job", "eta_ms": 240_000,
+                    "eta_low_ms": 180_000, "eta_high_ms": 360_000, "fitted_over_ms": 300_000, "method": "linear_trend"}
+
+
+def test_an_alert_carries_the_soonest_forecast_s_eta_band_and_limit_for_notification_templates():
+    from pipelines.alerting import to_alert
+
+    state = {"metric": "state_size_bytes", "limit": 5 * 2**20, "limit_source": "config", "eta_ms": 900_000}
+    incident = {"incident_id": "state_leak-0a1b2c", "event": "updated", "summary": "s", "score": 0.9,
+                "severity": "warning", "family": "state_leak", "cluster": "c", "job_id": "j1", "opened_at": 0,
+                "updated_at": 60_000, "forecast": TIMEOUT_FORECAST, "forecasts": [TIMEOUT_FORECAST, state]}
+    annotations = to_alert(incident, 1)["annotations"]
+    assert annotations["eta"] == "~4 min (3 min-6 min)"
+    assert annotations["limit"] == "the 3s checkpoint timeout"
+    assert annotations["eta_at"] == "1970-01-01T00:05:00.000Z"  # updated_at + 4 min
+    assert json.loads(annotations["forecasts"]) == [TIMEOUT_FORECAST, state]
+    resolved = to_alert({**incident, "event": "resolved", "forecast": None, "forecasts": []}, 1)["annotations"]
+    assert "eta" not in resolved and "limit" not in resolved
+
+
 def test_the_relay_counts_the_open_incidents_by_family_and_severity_from_its_book():
     from prometheus_client import generate_latest
 

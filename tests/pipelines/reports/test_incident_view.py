@@ -42,3 +42,13 @@ def test_the_command_prints_json_lines_for_scripts_with_config_and_verbose_after
     assert [json.loads(line) for line in result.stdout.splitlines()] == [opened]
     version = run_sentinel("--version", env={})
     assert version.returncode == 0 and version.stdout.startswith("sentinel (checkpoint-sentinel) ")
+
+
+def test_a_line_says_the_soonest_forecast_s_eta_and_its_limit():
+    forecast = {"metric": "checkpoint_duration_ms", "limit": 1000, "limit_source": "job", "eta_ms": 240_000,
+                "eta_low_ms": 180_000, "eta_high_ms": None}
+    incident = {"updated_at": 0, "event": "updated", "severity": "warning", "family": "state_leak", "job_id": "j",
+                "job_name": "orders", "vertex_name": "keyed", "summary": "[warning] state leak", "forecast": forecast,
+                "forecasts": [forecast]}
+    assert format_incident(incident).endswith("(ETA ~4 min (or later: from 3 min) to the 1s checkpoint timeout)")
+    assert "ETA" not in format_incident({**incident, "event": "resolved"})
