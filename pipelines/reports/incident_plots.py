@@ -23,6 +23,7 @@ import pandas as pd
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable
 from pipelines.families import BY_NAME
+from pipelines.families.base import eta_text
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.page_inputs import MIB, JobMetrics, last_open_event
 
@@ -258,12 +259,32 @@ def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
         value = metrics.latest_status(column)
         if value:
             ax.axhline(value / 1000.0, color="#555555", linestyle=style, linewidth=1, label=f"{label} {value / 1000:.0f}s")
+    _timeout_forecast(ax, history, done)
     ax.set_ylabel("duration (s)")
     ax.set_title("Checkpoint durations", loc="left")
     _marks(ax, history, restart_times(metrics))
     _time_axis(ax)
     _legend(ax)
     return _svg(fig)
+
+
+def _timeout_forecast(ax, history: Sequence[dict], done: pd.DataFrame) -> None:
+    """The incident's latest timeout forecast: from the duration of the last checkpoint completed
+    before it, a line to the timeout at its ETA and the band of its 95 % bounds (to the plot's edge where the band is
+    open above)."""
+    incident = last_open_event(history) if history else {}
+    forecast = next((f for f in incident.get("forecasts") or [] if f.get("metric") == "checkpoint_duration_ms"), None)
+    at = incident.get("updated_at")
+    before = done[done["trigger_ts"] <= at] if forecast and at is not None and len(done) else done.iloc[:0]
+    if before.empty or not forecast.get("limit") or forecast["eta_ms"] <= 0:
+        return
+    duration, limit = float(before["duration_ms"].iloc[-1]), forecast["limit"]
+    eta, low, high = forecast["eta_ms"], forecast.get("eta_low_ms") or forecast["eta_ms"], forecast.get("eta_high_ms")
+    edge = at + (high if high is not None else 2 * eta)
+    ax.fill([_time(at), _time(at + low), _time(edge)], [duration / 1000.0, limit / 1000.0, limit / 1000.0],
+            color="#1f5fa8", alpha=0.15, linewidth=0, label="its 95 % band" + ("" if high is not None else " (open above)"))
+    ax.plot([_time(at), _time(at + eta)], [duration / 1000.0, limit / 1000.0],
+            color="#1f5fa8", linewidth=1.6, linestyle="--", label=f"forecast: the timeout in {eta_text(forecast)}")
 
 
 # The page plots a family's spec can name (``Family.page_plot``), by what they draw.
