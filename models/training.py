@@ -414,7 +414,9 @@ def run_training(spark: SparkSession, config: SentinelConfig, dataset_dirs: Sequ
     learnt from as labels and reported by the gate."""
     grid = grid or DEFAULT_GRID
     registry.use_config(config)
-    settings = PolicySettings.from_config(config)
+    # Candidates are calibrated and gated on their own decisions: a predicted incident opens the same
+    # for every candidate and would only blur them.
+    settings = PolicySettings.from_config(config).without_predictions()
     splits = load_splits(spark, config, dataset_dirs, progress)
     families = [f for f in FAMILIES if f in families]
     features = sorted({f for fam in families for f in DetectorConfig(fam).features})

@@ -113,6 +113,9 @@ class DetectionConfig(_Strict):
     warning_horizon_s: float = Field(900.0, gt=0, description="A forecast that checkpoints will exceed their "
                                                               "timeout within this long is a warning: the cause's "
                                                               "incident carries it and says so in its summary.")
+    predict_failures: bool = Field(True, description="With no cause's incident open, a credible forecast that "
+                                                     "checkpoints will exceed their timeout within the warning "
+                                                     "horizon opens a predicted checkpoint_failure incident.")
     state_limit_bytes: int | None = Field(None, ge=1, description="Limit for forecasts when a job reports none "
                                                                   "(max_state_size_bytes wins).")
     warmup_horizon_s: float = Field(180.0, gt=0, description="How long after a job starts or restarts its state may "

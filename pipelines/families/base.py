@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
 import numpy as np
 import pandas as pd
@@ -108,6 +108,7 @@ class Family:
     learns_from_symptom_rows: bool = True
     recent_column: str | None = None
     has_static_alarm: bool = True
+    is_failed_checkpoints: bool = False  # its faults are failed checkpoints: the limit forecasts warn of
     page_plot: str | None = None  # the incident page's decisive plot (pipelines/reports/incident_plots.PAGE_PLOTS)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -162,6 +163,17 @@ class Family:
             if timeout:
                 found.append(timeout)
         return sorted(found, key=lambda f: f["eta_ms"])
+
+    def predicted_rows(self, frame: pd.DataFrame, warning_horizon_s: np.ndarray) -> np.ndarray | None:
+        """Per row, whether its forecasts say the family's failure is coming within the job's
+        ``warning_horizon_s`` before any has happened (an incident of it may open as *predicted*:
+        the policy's ``predict_sustain_ms`` of such rows first); None: the family predicts nothing."""
+        return None
+
+    # How long rows must keep predicting before a predicted incident opens; the columns
+    # :meth:`predicted_rows` reads.
+    predict_sustain_ms: ClassVar[int] = 0
+    prediction_columns: ClassVar[tuple[str, ...]] = ()
 
     def limit_eta_s(self, rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray | None:
         """Per row, seconds to the operator's configured limit (NaN: none), for the guards; None:
@@ -236,6 +248,12 @@ def limit_text(forecast: Mapping[str, Any]) -> str:
         return f"the {mb(limit)} state limit ({source})"
     ratio = forecast.get("limit_ratio")
     return f"the state limit ({source}" + (f", at {ratio:.0%} now)" if ratio is not None else ")")
+
+
+def checkpoint_failed(row: Mapping[str, Any]) -> bool:
+    """Whether the job's recent checkpoints include a failed one at ``row`` (job and vertex rows
+    both carry the job's checkpoint history)."""
+    return (num(row, "checkpoint_failed_fraction") or 0.0) > 0
 
 
 def fired(condition: pd.Series) -> np.ndarray:

@@ -12,18 +12,38 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family, Plot, col, fired, num
+from pipelines.families.base import Family, Plot, checkpoint_failed, col, column, fired, num
 
 NAME = "checkpoint_failure"
+# A timeout forecast opens a predicted incident only as a credible build-up: the latest checkpoint
+# took at least half its timeout, the forecast's whole 95 % band falls within the warning horizon,
+# and both held for PREDICT_SUSTAIN_MS with no failed checkpoint (docs/DETECTORS.md, "Forecasts").
+PREDICT_MIN_OVER_TIMEOUT = 0.5
+PREDICT_SUSTAIN_MS = 30_000
 
 
 class CheckpointFailure(Family):
+    predict_sustain_ms = PREDICT_SUSTAIN_MS
+    prediction_columns = ("checkpoint_timeout_eta_high_s", "checkpoint_duration_over_timeout",
+                          "checkpoint_failed_fraction")
+
+    def predicted_rows(self, frame: pd.DataFrame, warning_horizon_s: np.ndarray) -> np.ndarray:
+        high = column(frame, "checkpoint_timeout_eta_high_s")
+        over = column(frame, "checkpoint_duration_over_timeout")
+        failed = column(frame, "checkpoint_failed_fraction")
+        with np.errstate(invalid="ignore"):
+            return (high <= warning_horizon_s) & (over >= PREDICT_MIN_OVER_TIMEOUT) & ~(failed > 0)
+
     def severity(self, row: Mapping[str, Any], forecast: dict | None, critical_eta_s: float) -> str:
         failed = num(row, "checkpoint_failed_fraction") or 0.0
         consecutive = num(row, "checkpoint_consecutive_failures") or 0.0
         return "critical" if consecutive >= 3 or failed >= 0.5 else "warning"
 
     def summary(self, where: str, row: Mapping[str, Any], forecast: dict | None, severity: str) -> str:
+        if row.get("predicted") and not checkpoint_failed(row):
+            over = num(row, "checkpoint_duration_over_timeout")
+            took = f"; the latest took {over * 100:.0f}% of the timeout" if over is not None else ""
+            return f"[{severity}] checkpoint failure predicted in {where}: none has failed yet{took}"
         failed = num(row, "checkpoint_failed_fraction")
         over = num(row, "checkpoint_duration_over_timeout")
         detail = f"{failed * 100:.0f}% of recent checkpoints failed" if failed else "checkpoints near their timeout"
@@ -43,6 +63,7 @@ class CheckpointFailure(Family):
 FAMILY = CheckpointFailure(
     name=NAME, label="Checkpoint failure", alertname="FlinkCheckpointFailure",
     model_name="sentinel-checkpoint-failure", localised=False, supervised=True, colour="tab:brown",
+    is_failed_checkpoints=True,
     decisive_plot=Plot("checkpoint_failed_fraction", "failed share of recent checkpoints"),
     explained_by=("state_leak", "backpressure", "skew"),
     features=(

@@ -51,6 +51,8 @@ ONE_PER_JOB = tuple(f.name for f in REGISTRY if f.one_per_job)
 # The Alertmanager ``alertname`` of each family's incidents (an incident's ``labels.alertname``).
 ALERTNAMES = {f.name: f.alertname for f in REGISTRY}
 LABELS = {f.name: f.label for f in REGISTRY}
+# Families whose faults are failed checkpoints: what every limit forecast warns of.
+CHECKPOINT_FAILURES = tuple(f.name for f in REGISTRY if f.is_failed_checkpoints)
 # The raw value each family's incidents keep the last few of as evidence.
 RECENT_COLUMNS = {f.name: f.recent_column for f in REGISTRY if f.recent_column}
 

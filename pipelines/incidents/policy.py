@@ -13,6 +13,13 @@ One open incident per (job, family, vertex). Per entity, in event-time order:
   ``resolution: levelled_off`` once it has not grown for ``resolve_after_s``; growth that resumes
   opens a new incident.
 
+A family that predicts (:meth:`Family.predicted_rows`: a checkpoint failure's credible timeout
+forecast) opens a ``predicted`` incident once its rows have predicted for the family's
+``predict_sustain_ms`` with no cause's incident open; it holds while they do, records the first
+failed checkpoint and the lead time when it comes, and resolves with ``resolution:
+forecast_receded`` if the forecast recedes first. Any open incident records the first failed
+checkpoint seen while it is open (``first_failure_at``, ``lead_time_ms`` from its first warning).
+
 A decision a guard still holds back (a warm-up horizon, a start-up time) is a *suspicion*, kept
 in the entity's state and published only if the job ends or goes away first: an ``info``
 incident opened where it was first held and resolved at once, ``resolution: unconfirmed``.
@@ -59,10 +66,12 @@ from pipelines.contracts import SCHEMA_VERSION
 from pipelines.contracts import TERMINAL_JOB_STATES as TERMINAL_STATES
 from pipelines.families import (ALERTNAMES, BY_NAME, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED, ONE_PER_JOB,
                                 SAME_VERTEX)
+from pipelines.families.base import checkpoint_failed
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 
 RECENT_VALUES = 6  # raw values kept per entity for the evidence
+TIMEOUT_METRIC = "checkpoint_duration_ms"  # a forecast that checkpoints will exceed their timeout: a warning
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
@@ -97,6 +106,7 @@ class PolicySettings:
     eta_change_min_ms: int = 300_000
     min_update_interval_ms: int = 300_000
     warning_horizon_s: float = 900.0
+    predict_failures: bool = True
     _resolved: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # job name -> JobSettings
 
     @classmethod
@@ -108,7 +118,7 @@ class PolicySettings:
                    detection.state_limit_bytes, config.features.idle_timeout_ms, detection.warmup_horizon_s, overrides,
                    eta_change_min_ms=int(detection.eta_change_min_s * 1000),
                    min_update_interval_ms=int(detection.min_update_interval_s * 1000),
-                   warning_horizon_s=detection.warning_horizon_s)
+                   warning_horizon_s=detection.warning_horizon_s, predict_failures=detection.predict_failures)
 
     def for_job(self, job_name: str | None) -> JobSettings:
         """The settings of one job: the first matching override, over the defaults."""
@@ -119,6 +129,11 @@ class PolicySettings:
                 self._resolved.clear()
             resolved = self._resolved[name] = _job_settings(self, name)
         return resolved
+
+    def without_predictions(self) -> "PolicySettings":
+        """These settings with no predicted incidents: the decisions of the detectors (or of the
+        static alarms) alone."""
+        return replace(self, predict_failures=False, _resolved={})
 
     def with_overrides(self, overrides) -> "PolicySettings":
         """These settings with ``overrides`` tried before the configured ones."""
@@ -160,10 +175,10 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
         return _terminal(state, rows)
     scored, names = _scored(rows, scores, rules)
     _forget_returning_jobs(state, scored, names, settings.forget_after_ms)
-    decided, held = _decisions(state, scored, names, rules, settings)
-    active = _active(state, scored, names, decided | held)
+    decided, held, predicted = _decisions(state, scored, names, rules, settings)
+    active = _active(state, scored, names, decided | held | predicted)
     events = _transitions(state, rows, scored[active].reset_index(drop=True), names, decided[active], rules, settings,
-                          held[active])
+                          held[active], predicted[active])
     _remember(state, scored[~active], names, rules)
     return events + _terminal(state, rows)
 
@@ -191,6 +206,8 @@ def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRu
               | set(GROWTH_COLUMNS))
     for rule in rules.values():
         needed.update(rule.guard_columns())
+    for family in BY_NAME.values():
+        needed.update(family.prediction_columns)
     # Built as arrays and put in walking order before they become one frame: taking and
     # re-indexing the frame instead copies it several times over (a backlog's whole batch).
     columns = {c: rows[c].to_numpy()[positions] for c in sorted(needed) if c in rows.columns}
@@ -245,12 +262,14 @@ def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarra
     for code, job_code in zip(entity[first].tolist(), scored["_job"].to_numpy()[first].tolist()):
         if not changing[code]:
             entity_state = state.get(jobs[job_code], {}).get(entities[code], {})
-            changing[code] = bool(entity_state.get("open") or entity_state.get("held"))
+            changing[code] = bool(entity_state.get("open") or entity_state.get("held")
+                                  or "predicting_since" in entity_state)
     return changing[entity]
 
 
 def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _Names, decided: np.ndarray,
-                 rules: Mapping[str, PostRule], settings: PolicySettings, held: np.ndarray | None = None) -> list[dict]:
+                 rules: Mapping[str, PostRule], settings: PolicySettings, held: np.ndarray | None = None,
+                 predicted: np.ndarray | None = None) -> list[dict]:
     """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
     jobs, entities = names.jobs, names.entities
     columns = {name: scored[name].tolist() for name in scored.columns}
@@ -275,7 +294,13 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
                      and columns["job_state"][i] not in TERMINAL_STATES)
         if not suspected and columns["job_state"][i] not in TERMINAL_STATES:
             entity.pop("held", None)  # the guard lifted, or the score no longer says so: judged as usual
-        if not holds and entity["open"] is None and (not suspected or "held" in entity):
+        predicting = (predicted is not None and bool(predicted[i]) and family not in job_settings.mute
+                      and columns["job_state"][i] not in TERMINAL_STATES)
+        if not predicting:
+            entity.pop("predicting_since", None)
+        elif not holds and _predicted_only(entity["open"]):
+            holds = True  # a predicted incident holds while its forecast does
+        if not holds and entity["open"] is None and (not suspected or "held" in entity) and not predicting:
             continue  # nothing can change: the full record is not needed
         record = {**full_record(columns["_row"][i]), "row": columns["_row"][i], "family": family,
                   "score": columns["score"][i], "model_name": columns["model_name"][i],
@@ -286,6 +311,12 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
             if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
                 entity["held"] = _suspicion(entity, record, forecast, job_settings)
             continue
+        if predicting and not holds and entity["open"] is None:
+            since = entity.setdefault("predicting_since", ts)
+            # An open cause's incident carries the forecast already (its summary says it).
+            if ts - since < BY_NAME[family].predict_sustain_ms or _open_cause(job, family, record.get("vertex_id")):
+                continue
+            holds, record["predicted"] = True, True
         if holds and (family in EXPLAINED_BY or family in ONE_PER_JOB):
             cause = _open_cause(job, family, record.get("vertex_id"))
             if cause is not None:
@@ -353,13 +384,15 @@ def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[s
 
 
 def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule],
-               settings: PolicySettings) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's post-rule decision, and whether a guard holds it back (see
-    :meth:`PostRule.decide_and_hold_rows`), one vectorised call per family: every entity continues the
-    persistence count from the scores the state kept of it; each job gets its own warm-up
-    horizon, and a configured state limit shortens the leak's ETA to its limit."""
+               settings: PolicySettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's post-rule decision, whether a guard holds it back (see
+    :meth:`PostRule.decide_and_hold_rows`), and whether its family's forecast predicts a failure
+    (:meth:`Family.predicted_rows`), one vectorised call per family: every entity continues the
+    persistence count from the scores the state kept of it; each job gets its own warm-up and
+    warning horizons, and a configured state limit shortens the leak's ETA to its limit."""
     decided = np.zeros(len(scored), dtype=bool)
     held = np.zeros(len(scored), dtype=bool)
+    predicted = np.zeros(len(scored), dtype=bool)
     jobs, entities = names.jobs, names.entities
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
@@ -384,7 +417,10 @@ def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[
         decided[part.index], held[part.index] = rule.decide_and_hold_rows(
             entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
             np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"))
-    return decided, held
+        if settings.predict_failures and BY_NAME[family].prediction_columns:
+            warning = np.array([job_settings[name].warning_horizon_s for name in named], dtype="float64")[name_code]
+            predicted[part.index] = BY_NAME[family].predicted_rows(part, warning)
+    return decided, held, predicted
 
 
 def _entities(job: dict):
@@ -465,7 +501,7 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
              "summary": _summary(open_, new_severity, open_.get("summary_base") or _base(last["summary"])),
              "symptoms": _public_symptoms(open_),
-             "labels": {**last["labels"], "severity": new_severity, "event": "updated"}}
+             "labels": {**last["labels"], "severity": new_severity, "event": "updated"}, **_prediction_fields(open_)}
     open_["last_event"] = event
     return [event]
 
@@ -509,28 +545,45 @@ def _resolve_now(entity: dict, family: str, record: dict) -> dict:
     return event
 
 
+def _predicted_only(open_: dict | None) -> bool:
+    """Whether an open incident opened on a forecast and no checkpoint has failed since."""
+    return bool(open_ and open_.get("predicted") and open_.get("first_failure_at") is None)
+
+
 def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, settings: PolicySettings) -> list[dict]:
     family, ts, open_ = record["family"], int(record["ts"]), entity["open"]
     terminal = record.get("job_state") in TERMINAL_STATES
+    # The first failed checkpoint while an incident is open: when, and how long after its warning.
+    failed_now = open_ is not None and open_.get("first_failure_at") is None and checkpoint_failed(record)
+    if failed_now:
+        open_.update(first_failure_at=_incident_time(open_, ts), failure_told=False)
     if holds:
         severity = ev.severity(family, record, forecast, settings.critical_eta_s)
         if open_ is None:
             entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
                               "opened_at": ts, "severity": severity, "eta_ms": forecast and forecast["eta_ms"],
                               "eta_at": ts, "clear_since": None}
+            if record.get("predicted"):
+                entity["open"].update(predicted=True, warned_at=ts)
             return [_event("opened", entity, record, forecast, severity)]
         open_["clear_since"] = None
         severity = _with_symptoms(open_, _settled_severity(open_, severity, ts, settings), ts, settings)
-        if severity != open_["severity"] or _eta_moved(open_, forecast, ts, settings):
+        # A predicted failure that came is news to on-call whatever else changed.
+        if (severity != open_["severity"] or _eta_moved(open_, forecast, ts, settings)
+                or (open_.get("predicted") and open_.get("failure_told") is False)):
             open_.update(severity=severity, eta_ms=forecast and forecast["eta_ms"], eta_at=ts)
             return [_event("updated", entity, record, forecast, severity)]
+        # What a symptom's update says of the cause follows its latest row, not the last published one.
+        open_["summary_base"] = _base(ev.summary(family, record, forecast, open_["severity"])
+                                      + ev.timeout_warning(record.get("forecasts") or []))
         return []
     if open_ is None:
         return []
     open_["clear_since"] = open_["clear_since"] if open_["clear_since"] is not None else ts
     if terminal or ts - open_["clear_since"] >= settings.resolve_after_ms:
+        receded = _predicted_only(open_)
         event = _event("resolved", entity, record, None, open_["severity"])
-        resolution = None if terminal else BY_NAME[family].cleared_resolution(record)
+        resolution = None if terminal else FORECAST_RECEDED if receded else BY_NAME[family].cleared_resolution(record)
         if resolution:
             event["resolution"] = resolution  # e.g. a leak whose state levelled off
         entity["open"] = None
@@ -598,6 +651,7 @@ def _suspicions(job: dict, at_ms: int, why: str) -> list[dict]:
 
 
 UNCONFIRMED = "unconfirmed"
+FORECAST_RECEDED = "forecast_receded"
 
 
 def _suspicion(entity: dict, record: dict, forecast: dict | None, job_settings: JobSettings) -> dict:
@@ -692,9 +746,26 @@ def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severit
     }
     if open_.get("symptoms"):
         event["symptoms"] = _public_symptoms(open_)
+    if kind != "resolved" and "warned_at" not in open_ and any(
+            f["metric"] == TIMEOUT_METRIC for f in event["forecasts"]):
+        open_["warned_at"] = ts
+    event.update(_prediction_fields(open_))
     if kind != "resolved":
         open_["last_event"] = event
     return event
+
+
+def _prediction_fields(open_: dict) -> dict:
+    """``predicted`` on an incident opened on a forecast; once a checkpoint failed while it was
+    open, ``first_failure_at`` and ``lead_time_ms`` (from its first warning that checkpoints would
+    fail; null: it gave none), the failure then marked told."""
+    fields: dict[str, Any] = {"predicted": True} if open_.get("predicted") else {}
+    failed = open_.get("first_failure_at")
+    if failed is not None:
+        open_["failure_told"] = True
+        warned = open_.get("warned_at")
+        fields.update(first_failure_at=failed, lead_time_ms=None if warned is None else max(0, failed - warned))
+    return fields
 
 
 JOB_GONE = "job_gone"

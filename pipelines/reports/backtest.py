@@ -26,6 +26,7 @@ from pipelines.config import SentinelConfig
 from pipelines.datasets import dataset_files, read_truths
 from pipelines.display import fit
 from pipelines.families import BY_NAME, FAMILIES, Plot
+from pipelines.incidents import lead_time
 from pipelines.incidents.comparison import Comparison, RunOutcome, compare
 from pipelines.incidents.policy import PolicySettings
 
@@ -46,6 +47,37 @@ class Evaluation:
     versions: dict[str, str]
     truths: list[dict]
     strata: dict[str, str] = field(default_factory=dict)  # run -> its Flink version, job kind and length
+    lead: list[lead_time.LeadTime] = field(default_factory=list)  # runs with a checkpoint failure: the champions'
+    baseline_lead: list[lead_time.LeadTime] = field(default_factory=list)  # and the static alarms' (no forecast)
+
+    def lead_lines(self) -> list[str]:
+        """Per run with a checkpoint failure: the first failure, the first warning, the lead time,
+        the ETA at the warning against the real time and whether its band held it, the static
+        alarms' lead time; then per cause the medians."""
+        if not self.lead:
+            return []
+        header = (f"{'run':<58} {'cause':<18} {'build-up':>8} {'failed at':>9} {'warned at':>9} {'lead':>6}"
+                  f" {'ETA (band)':<18} {'error':>6} {'held':>4} {'in time':>7} | {'static lead':>11}")
+        lines = [header, "-" * len(header)]
+        baseline = {r.job_id: r for r in self.baseline_lead}
+        starts = {t["job_id"]: t.get("start_ts") for t in self.truths}
+        for run in self.lead:
+            start = starts.get(run.job_id) or run.first_failure_ts
+            base = baseline.get(run.job_id)
+            lines.append(
+                f"{fit(run.run, 58)} {fit(run.cause, 18)} {_ms(run.build_up_ms):>8} {_ms(run.first_failure_ts - start):>9}"
+                f" {_ms(None if run.warning_ts is None else run.warning_ts - start):>9} {_ms(run.lead_ms):>6}"
+                f" {fit(_eta(run), 18)} {_ratio(run.eta_error):>6} {_yes(run.band_held):>4} {_yes(run.warned_in_time):>7}"
+                f" | {_ms(base.lead_ms if base else None):>11}")
+        lines += ["", f"{'cause':<19} {'runs':>4} {'warned':>6} {'median lead':>11} {'median |ETA error|':>18}"
+                      f" {'band held':>9} {'build-ups warned in time':>24} | {'static: median lead':>19}"]
+        for cause in sorted({r.cause for r in self.lead}) + [None]:
+            m, b = lead_time.summary(self.lead, cause), lead_time.summary(self.baseline_lead, cause)
+            in_time = f"{m['warned_in_time']:.0f} of {m['build_ups']:.0f}"
+            lines.append(f"{cause or 'all':<19} {m['runs']:>4.0f} {m['warned']:>6.0f} {_sec(m['lead_s_median']):>11}"
+                         f" {_pct(m['eta_error_median']):>18} {_pct(m['band_held']):>9} {in_time:>24}"
+                         f" | {_sec(b['lead_s_median']):>19}")
+        return lines
 
     def stratum_lines(self) -> list[str]:
         """A line per Flink version, job kind and run length (the dataset manifest's), the
@@ -129,6 +161,25 @@ def _sec(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.0f}s"
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value / 1000:.0f}s"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.0%}"
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+def _eta(run: lead_time.LeadTime) -> str:
+    if run.eta_ms is None:
+        return "-" if run.warning_ts is None else "no forecast"
+    high = "?" if run.eta_high_ms is None else f"{run.eta_high_ms / 1000:.0f}"
+    return f"{run.eta_ms / 1000:.0f}s ({(run.eta_low_ms or 0) / 1000:.0f}-{high})"
+
+
 def _num(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
 
@@ -173,16 +224,25 @@ def evaluate_dataset(config: SentinelConfig, dataset: Path, split: str,
     config = config_with_truth_overrides(config, truths)
     result = replay(config, events, models)
     settings = PolicySettings.from_config(config)
-    baseline_incidents = replay_incidents(result.rows, static_alarms(), settings) if len(result.rows) else []
+    # The static alarms as operators use them: no forecast opens an incident.
+    baseline_incidents = (replay_incidents(result.rows, static_alarms(), settings.without_predictions())
+                          if len(result.rows) else [])
     strata = run_strata(dataset)
     named = {t.get("run_id") or t["job_name"] for t in truths}
+
+    def horizon_ms(job_name: str) -> float:
+        return settings.for_job(job_name).warning_horizon_s * 1000
+
     return Evaluation(split, compare(truths, result.incidents), compare(truths, baseline_incidents), result.rows,
                       result.incidents, baseline_incidents, {f: m.version for f, m in models.items()}, truths,
-                      {run: s for run, s in strata.items() if run in named})
+                      {run: s for run, s in strata.items() if run in named},
+                      lead_time.lead_times(truths, result.incidents, horizon_ms),
+                      lead_time.lead_times(truths, baseline_incidents, horizon_ms, with_forecasts=False))
 
 
 def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
-    """``index.md`` with the tables, ``results.json`` with every run's outcome, ``plots/*.png``."""
+    """``index.md`` with the tables, ``results.json`` with every run's outcome, ``plots/*.png``,
+    and the incident events of the champions and of the static alarms as JSON lines."""
     directory = Path(directory)
     (directory / "plots").mkdir(parents=True, exist_ok=True)
     sections = [f"# {title}", "",
@@ -193,7 +253,10 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                 *(["## Per Flink version, job kind and run length (the champions | the static alarms)", "", "```",
                    *evaluation.stratum_lines(), "```", ""] if evaluation.strata else []),
                 "## Per run (`*`: found as a symptom of its cause's incident; delay from the labelled onset)", "",
-                "```", *evaluation.run_lines(), "```", "", "## Runs", ""]
+                "```", *evaluation.run_lines(), "```", "",
+                *(["## Before the first failed checkpoint (lead time: from the first warning to the first failure)",
+                   "", "```", *evaluation.lead_lines(), "```", ""] if evaluation.lead else []),
+                "## Runs", ""]
     for run in evaluation.comparison.runs:
         path = _plot_run(evaluation, run, directory / "plots")
         sections += [f"### {run.run}", "", f"expected: {', '.join(run.expected) or 'healthy'}; found: {_found(run)};"
@@ -204,11 +267,24 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                "baseline_metrics": {f or "all": evaluation.baseline.metrics(f) for f in (*FAMILIES, None)},
                "strata": {stratum: {"runs": runs, "metrics": m, "baseline_metrics": b}
                           for stratum, (runs, m, b) in evaluation.stratum_metrics().items()},
+               "lead_times": [_lead(r) for r in evaluation.lead],
+               "baseline_lead_times": [_lead(r) for r in evaluation.baseline_lead],
                "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,
                          "missed": r.missed, "false": [_brief(i) for i in r.false], "false_families": r.false_families}
                         for r in evaluation.comparison.runs]}
     (directory / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    # Every incident event of both replays, as the topic would carry them, for a closer look.
+    for name, incidents in (("incidents.jsonl", evaluation.incidents),
+                            ("static_alarm_incidents.jsonl", evaluation.baseline_incidents)):
+        (directory / name).write_text("".join(json.dumps(i, sort_keys=True, default=str) + "\n" for i in incidents))
     return directory / "index.md"
+
+
+def _lead(run: lead_time.LeadTime) -> dict:
+    return {**{k: getattr(run, k) for k in ("run", "job_id", "cause", "first_failure_ts", "build_up_ms", "warning_ts",
+                                            "warning_family", "eta_ms", "eta_low_ms", "eta_high_ms", "metric")},
+            "lead_ms": run.lead_ms, "eta_error": run.eta_error, "band_held": run.band_held,
+            "warned_in_time": run.warned_in_time}
 
 
 def _brief(incident: dict) -> dict:

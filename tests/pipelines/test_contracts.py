@@ -29,6 +29,9 @@ INCIDENT_EXAMPLE = {
     "symptoms": [{"family": "checkpoint_failure", "first_at": 1_700_000_130_000,
                   "evidence": {"features": {"checkpoint_failed_fraction": 0.25}}}],
     "resolution": "job_gone",
+    # Optional (additive to v1): opened on a forecast (a shape example: only checkpoint failures
+    # are predicted), and the first failed checkpoint it warned of.
+    "predicted": True, "first_failure_at": 1_700_000_130_000, "lead_time_ms": 30_000,
 }
 
 DEAD_LETTER_EXAMPLE = {

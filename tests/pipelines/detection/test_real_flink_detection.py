@@ -9,6 +9,7 @@ features, the champions, their post-rules and the incident policy, judged run by
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -185,3 +186,9 @@ def test_sentinel_evaluate_writes_a_report_with_a_plot_per_run(evaluation, tmp_p
         plot = tmp_path / "report" / "plots" / f"{run.run}.png"
         assert plot.stat().st_size > 5_000 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "report" / "results.json").is_file()
+    # How far ahead of each first failed checkpoint the incidents said it, next to the static alarms.
+    assert "## Before the first failed checkpoint" in text and "static lead" in text
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert {r["run"] for r in results["lead_times"]} == {r.run for r in evaluation.lead} != set()
+    lines = (tmp_path / "report" / "incidents.jsonl").read_text().splitlines()
+    assert [json.loads(line)["incident_id"] for line in lines] == [i["incident_id"] for i in evaluation.incidents]
