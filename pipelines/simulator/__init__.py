@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from pipelines.datasets import SPLITS, read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
+from pipelines.datasets import DATASET_FORMAT, SPLITS, read_jsonl, write_jsonl  # noqa: F401  (part of this package's API)
 from pipelines.durations import parse_duration  # noqa: F401  (part of this package's API)
 from pipelines.errors import UsageError
 from pipelines.simulator.job import FLINK_2_3, JobSimulation, Reporting
@@ -158,7 +158,7 @@ def write_dataset(directory: Path, names: Sequence[str], jobs_per_scenario: int,
     jobs = [simulate_job(name, seed, index, duration_ms, cluster=f"sim-{split_cluster(index)}")
             for name in names for index in range(jobs_per_scenario)]
     splits = assign_splits(jobs, seed, fractions)
-    manifest = {"format": "checkpoint-sentinel dataset v1", "source": "simulator", "seed": seed,
+    manifest = {"format": DATASET_FORMAT, "source": "simulator", "seed": seed,
                 "scenarios": list(names), "jobs_per_scenario": jobs_per_scenario, "splits": {}}
     for split, members in splits.items():
         events = write_jsonl(directory / split / "events.jsonl", merged_events(members))
