@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
-from feature_store.job_features import time_order
+from feature_store.event_order import time_order
 from pipelines.contracts import SCHEMA_VERSION
 
 METRIC_FIELDS = ("busy_time_ms_per_s", "backpressured_time_ms_per_s", "idle_time_ms_per_s", "records_in_per_s",
