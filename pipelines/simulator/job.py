@@ -24,6 +24,11 @@ rather than being painted on:
 
 Faults (``pipelines/simulator/faults.py``) hook into these quantities. Everything is driven by
 event time from a seeded ``random.Random``: the same seed gives the same events.
+
+One piece: the model is one simulation step (:class:`JobSimulation`, most of the file) whose
+throughput, checkpoints, state and reporting read one another's quantities at every tick, and
+one random stream whose draws, in their order, fix every event; the specs and samples around it
+are its inputs and outputs.
 """
 
 from __future__ import annotations
