@@ -1,9 +1,9 @@
 """``sentinel lab``: real Flink jobs that fail the way production jobs do, recorded as labelled data.
 
-Runtimes layer (with the detection job, the collector and the simulator): it may import the
-features, the models and the foundation (the dataset layout is :mod:`pipelines.datasets`'s),
-never the command line. ``session`` runs variants on a local cluster, ``truth`` labels and
-records each run, ``scenarios`` and ``corpus`` are the variants and the grids. A grid
+Runtimes layer: it may import every layer below (the foundation, whose :mod:`pipelines.datasets`
+holds the dataset layout, up to the model workflows) and the other runtimes, never the command
+line. ``session`` runs variants on a local cluster, ``truth`` labels and records each run,
+``scenarios`` and ``corpus`` are the variants and the grids. A grid
 (``sentinel lab --grid corpus``) is resumable: a run is added to the dataset folder when it ends
 and variants recorded there already are skipped.
 """

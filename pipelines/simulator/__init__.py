@@ -1,9 +1,10 @@
 """Labelled, deterministic Flink metric streams for training, tests and demos.
 
-Runtimes layer: it may import the foundation (the dataset layout is :mod:`pipelines.datasets`'s),
-never the command line. ``job`` is the model of a running Flink job, ``faults`` and
-``scenarios`` what goes wrong in it, ``runs`` one job and the labelled dataset, ``fleet`` the
-mixes and fleets, ``publish`` the events to the input topic, ``calibration`` against real Flink.
+Runtimes layer: it may import every layer below (the foundation, whose :mod:`pipelines.datasets`
+holds the dataset layout, up to the model workflows) and the other runtimes, never the command
+line. ``job`` is the model of a running Flink job, ``faults`` and ``scenarios`` what goes wrong in
+it, ``runs`` one job and the labelled dataset, ``fleet`` the mixes and fleets, ``publish`` the
+events to the input topic, ``calibration`` against real Flink.
 
 >>> job = simulate_job("leak_seed000", seed=1)
 >>> [round(e["state_size_bytes"] / 2**20, 1) for e in job.events if e["kind"] == "checkpoint"][:9]
