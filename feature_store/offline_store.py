@@ -122,10 +122,10 @@ def _code_version() -> str:
     windows it reads, the Spark driver): features computed by other code are stale."""
     import hashlib
 
-    from feature_store import compute, definitions, job_features
+    from feature_store import compute, definitions, event_order, feature_rows, job_features, numeric
 
     digest = hashlib.sha256()
-    for module in (job_features, definitions, compute):
+    for module in (job_features, event_order, numeric, feature_rows, definitions, compute):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()[:16]
 

@@ -18,6 +18,10 @@ more false incidents and no more false families, and do at least as well as the 
 --feedback``), it must also open no more of the incidents on-call called false positives, and
 catch no fewer of those on-call confirmed, than the champion. A dry run registers nothing and
 moves no alias.
+
+One piece: one workflow that :func:`run_training` runs in order (load, fit, calibrate, gate,
+register), each step a function reading the one before; the gate and the calibration replay the
+same policy on the same runs, so they are read together (the file is a few lines over the limit).
 """
 
 from __future__ import annotations

@@ -31,6 +31,10 @@ Options (all strings, as Spark passes them):
                          instead of failing the query
 ``metadataTimeoutMs``    how long the driver waits for the topic's metadata (default 30000)
 =======================  ==========================================================================
+
+One piece: one Spark data source (``KafkaDataSource``, registered as ``sentinel_kafka``), whose
+reader and writer share the options above, the clients built from them and the row schema; Spark
+pickles the reader's and writer's objects to its Python workers, which import them from here.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ rather than being painted on:
 
 Faults (``pipelines/simulator/faults.py``) hook into these quantities. Everything is driven by
 event time from a seeded ``random.Random``: the same seed gives the same events.
+
+One piece: the model is one simulation step (:class:`JobSimulation`, most of the file) whose
+throughput, checkpoints, state and reporting read one another's quantities at every tick, and
+one random stream whose draws, in their order, fix every event; the specs and samples around it
+are its inputs and outputs.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Protocol
 
-from feature_store.job_features import time_order
+from feature_store.event_order import time_order
 from pipelines.contracts import SCHEMA_VERSION
 
 METRIC_FIELDS = ("busy_time_ms_per_s", "backpressured_time_ms_per_s", "idle_time_ms_per_s", "records_in_per_s",

@@ -10,7 +10,8 @@ import pytest
 
 from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.definitions import FEATURE_NAMES, FEATURES, JOB_FEATURES, VERTEX_FEATURES, markdown_table
-from feature_store.job_features import LATE, JobFeatureState, features_for_events, linear_fit, long_trends, relative_trend
+from feature_store.job_features import LATE, JobFeatureState, features_for_events
+from feature_store.numeric import linear_fit, long_trends, relative_trend
 
 JOB = "0123456789abcdef0123456789abcdef"
 T0 = 1_700_000_000_000
