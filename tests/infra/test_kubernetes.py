@@ -4,15 +4,21 @@ What is validated: every core resource (ConfigMap, Secret, StatefulSet, Deployme
 against Kubernetes' own OpenAPI schemas in strict mode (kubernetes-validate: unknown fields are
 errors); the PrometheusRule is the shipped rules file's rendering and passes `promtool check
 rules`; the ConfigMap's sentinel.yaml is a valid config; ports, shards and names agree across the
-files and with the config. What is not: the PodMonitor and the SparkApplication against their
-operators' CRD schemas (no copy of those CRDs could be taken from a package registry here), and
-nothing is applied to a cluster.
+files and with the config; the PodMonitor, the PrometheusRule (the committed one and the generator's
+output) and the SparkApplication against their operators' CRDs (see :func:`crd_schema` for the
+strictness), when a copy of the CRDs is at :data:`CRDS`. What is not: nothing is applied to a cluster.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import os
 import subprocess
+import sys
+from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -26,6 +32,18 @@ CORE_KINDS = {"ConfigMap", "Secret", "StatefulSet", "Deployment", "Service"}
 CUSTOM_KINDS = {"PodMonitor": "monitoring.coreos.com/v1", "PrometheusRule": "monitoring.coreos.com/v1",
                 "SparkApplication": "sparkoperator.k8s.io/v1beta2"}
 KUBERNETES_VERSION = "1.30.0"  # the oldest the manifests are meant for (the pod-index label: 1.28)
+# The operators' CRDs are copies of public repositories, which the project may not commit: they are
+# kept in the steering repo's shared/ beside the project (SENTINEL_CRDS points at another copy).
+CRDS = Path(os.environ.get("SENTINEL_CRDS", PROJECT_ROOT.parent / "shared" / "crds"))
+# The release each CRD is taken from, and its sha256: the versions docs/DEPLOYMENT.md names.
+CRD_FILES = {
+    "PodMonitor": ("monitoring.coreos.com_podmonitors.yaml",  # prometheus-operator v0.93.0
+                   "45a93443daa687d3654f7e9631909ff7edcdf3ec09c5e60251b74aa2722aee5d"),
+    "PrometheusRule": ("monitoring.coreos.com_prometheusrules.yaml",  # prometheus-operator v0.93.0
+                       "78be98554b9c8506ab2b4f4feb91c5f3a56e536a0a510f3a8e876a459970d56d"),
+    "SparkApplication": ("sparkoperator.k8s.io_sparkapplications.yaml",  # kubeflow/spark-operator v2.5.2
+                         "ecd9c14fcadb9d5f8ced4c4ee31920548ea53a892e0a69c3e43aa758bfca6d94"),
+}
 
 
 def documents() -> list[dict]:
@@ -93,3 +111,111 @@ def test_the_collector_runs_one_shard_per_replica_and_each_part_is_scraped_as_th
             by_kind("SparkApplication")[0]["spec"]["driver"]["labels"][label]}
     assert jobs == set(alert_rules.DEFAULT_JOBS.values())
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
+
+
+def strict(schema: dict) -> dict:
+    """An OpenAPI schema of a CRD as JSON Schema that rejects what the API server would prune: an
+    object takes only the fields it lists (or its map's values), unless it sets
+    ``x-kubernetes-preserve-unknown-fields``. Other ``x-kubernetes-*`` keys are the server's
+    annotations (list and map types, int-or-string, which ``anyOf`` already says) and are dropped."""
+    out = {}
+    for key, value in schema.items():
+        if key.startswith("x-kubernetes-"):
+            continue
+        if key in ("properties", "patternProperties"):
+            value = {name: strict(sub) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            value = strict(value)
+        elif key in ("allOf", "anyOf", "oneOf"):
+            value = [strict(sub) for sub in value]
+        out[key] = value
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    if (schema.get("type") == "object" and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+def crd_schema(kind: str, api_version: str) -> dict:
+    """The strict schema (:func:`strict`) of the CRD's served version ``api_version``; the root's
+    ``metadata`` is left to Kubernetes' ObjectMeta (:func:`crd_errors`)."""
+    name, sha256 = CRD_FILES[kind]
+    path = CRDS / name
+    if not path.is_file():
+        pytest.skip(f"no copy of the {kind} CRD at {path} (docs/DEPLOYMENT.md says where it comes from)")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha256, f"{path} is not the CRD release the docs name"
+    crd = yaml.safe_load(path.read_text())
+    group, version = api_version.split("/")
+    assert (crd["spec"]["group"], crd["spec"]["names"]["kind"]) == (group, kind)
+    (served,) = [v for v in crd["spec"]["versions"] if v["name"] == version and v["served"]]
+    schema = strict(served["schema"]["openAPIV3Schema"])
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def crd_errors(document: dict) -> list[str]:
+    """Every way ``document`` breaks its CRD's strict schema or Kubernetes' ObjectMeta, as
+    ``path: message``; empty when it is valid."""
+    validator = jsonschema.Draft4Validator(crd_schema(document["kind"], document["apiVersion"]))
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+    # ObjectMeta is the same for every kind: checked as a core resource's, in strict mode.
+    try:
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": document["metadata"]},
+                                     KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        errors.append(f"{'.'.join(map(str, e.path))}: {e.message}")
+    return errors
+
+
+def rendered_prometheus_rule() -> dict:
+    """The PrometheusRule as a deployment renders it (docs/DEPLOYMENT.md's command, with a label)."""
+    rendered = subprocess.run([sys.executable, "-m", "infra.alert_rules", "--prometheus-rule", "checkpoint-sentinel",
+                               "--namespace", "monitoring", "--label", "release=kube-prometheus-stack",
+                               "--job", "detection=checkpoint-sentinel/detection"],
+                              capture_output=True, text=True, timeout=120, cwd=PROJECT_ROOT, check=True)
+    return yaml.safe_load(rendered.stdout)
+
+
+@pytest.mark.parametrize("document", [d for d in documents() if d["kind"] in CUSTOM_KINDS],
+                         ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_custom_resources_are_valid_against_their_operators_crds(document):
+    assert crd_errors(document) == []
+
+
+def test_the_prometheus_rule_the_generator_renders_is_valid_against_the_crd():
+    rule = rendered_prometheus_rule()
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert crd_errors(rule) == []
+
+
+# One misspelt field and one wrong type per kind, each where the CRD's schema says otherwise.
+BROKEN = {
+    "PodMonitor": [(("spec", "podMetricsEndpoints", 0), "intervall", "15s",
+                    "spec.podMetricsEndpoints.0: Additional properties are not allowed ('intervall' was unexpected)"),
+                   (("spec",), "jobLabel", 1, "spec.jobLabel: 1 is not of type 'string'")],
+    "PrometheusRule": [(("spec", "groups", 0, "rules", 0), "expression", "up == 0",
+                        "spec.groups.0.rules.0: Additional properties are not allowed ('expression' was unexpected)"),
+                       (("spec", "groups", 0, "rules", 0), "for", "2 minutes",
+                        "spec.groups.0.rules.0.for: '2 minutes' does not match"),
+                       (("metadata",), "label", {"a": "b"},
+                        "metadata: Additional properties are not allowed ('label' was unexpected)")],
+    "SparkApplication": [(("spec", "driver"), "serviceAcount", "spark",
+                          "spec.driver: Additional properties are not allowed ('serviceAcount' was unexpected)"),
+                         (("spec", "executor"), "instances", "2",
+                          "spec.executor.instances: '2' is not of type 'integer'"),
+                         (("spec", "driver", "ports", 0), "containerPort", "9464",
+                          "spec.driver.ports.0.containerPort: '9464' is not of type 'integer'")],
+}
+
+
+@pytest.mark.parametrize(("kind", "where", "key", "value", "error"),
+                         [pytest.param(kind, *case, id=f"{kind}-{case[1]}") for kind, cases in BROKEN.items()
+                          for case in cases])
+def test_a_misspelt_field_or_a_wrong_type_fails_its_crd(kind, where, key, value, error):
+    (document,) = [copy.deepcopy(d) for d in documents() if d["kind"] == kind]
+    node = document
+    for step in where:
+        node = node[step]
+    node[key] = value
+    assert crd_errors(document) and all(e.startswith(error) for e in crd_errors(document)), crd_errors(document)
