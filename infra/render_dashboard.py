@@ -115,6 +115,21 @@ def formatted(value: float | None, unit: str) -> str:
     return f"{value:.3g}"
 
 
+def axis(low: float, high: float, unit: str) -> tuple[float, float, float]:
+    """Round bounds for a y axis over ``[low, high]`` and its step: 1, 2, 2.5 or 5 times a power of
+    ten (times a power of 1024 for bytes), at most five steps across, as Grafana's axes read.
+
+    >>> axis(0, 1.01, "short"), axis(0, 784 * 2**20, "bytes")
+    ((0.0, 1.25, 0.25), (0.0, 838860800.0, 209715200.0))
+    """
+    high = high if high > low else low + 1
+    scale = 1024 ** math.floor(math.log(high - low, 1024)) if unit == "bytes" and high - low >= 1024 else 1
+    raw = (high - low) / scale / 5
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw) * scale
+    return math.floor(low / step) * step, math.ceil(high / step) * step, step
+
+
 def _threshold_colour(panel: dict, value: float | None) -> str:
     steps = panel.get("fieldConfig", {}).get("defaults", {}).get("thresholds", {}).get("steps")
     thresholds = [(s.get("value"), s["color"]) for s in steps] if steps else DEFAULT_THRESHOLDS
@@ -153,17 +168,17 @@ def _lines(series: list[Series], x0: float, y0: float, width: float, height: flo
 def _timeseries(panel: dict, series: list[Series], width: float, height: float, start: float, end: float) -> str:
     unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "short")
     values = [v for line in series for _, v in line.points if math.isfinite(v)]
-    low, high = (min(0.0, min(values)), max(values)) if values else (0.0, 1.0)
-    high = high if high > low else low + 1
-    legend_rows = math.ceil(len(series) / 2) if series else 1
+    low, high, step = axis(min(0.0, min(values)) if values else 0.0, max(values) if values else 1.0, unit)
     left, top, plot_w = 62.0, 4.0, width - 74
-    plot_h = height - top - 22 - 16 * legend_rows
+    # As many legend columns as the longest legend leaves room for (about 6.5 px a character).
+    columns = max(1, min(3, int(plot_w // (max((len(line.legend) for line in series), default=1) * 6.5 + 28))))
+    plot_h = height - top - 22 - 16 * (math.ceil(len(series) / columns) if series else 1)
     parts = [f'<svg width="{width:.0f}" height="{height:.0f}" xmlns="http://www.w3.org/2000/svg">']
-    for i in range(5):  # the y axis: five gridlines and their values
-        y = top + plot_h - i / 4 * plot_h
+    for i in range(round((high - low) / step) + 1):  # the y axis: a gridline and its value per step
+        y = top + plot_h - i * step / (high - low) * plot_h
         parts.append(f'<line x1="{left}" x2="{left + plot_w:.1f}" y1="{y:.1f}" y2="{y:.1f}" stroke="#2c3235"/>'
                      f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">'
-                     f'{html.escape(formatted(low + i / 4 * (high - low), unit))}</text>')
+                     f'{html.escape(formatted(low + i * step, unit))}</text>')
     for i, anchor in enumerate(("start", "middle", "middle", "middle", "end")):  # the x axis: five times, UTC
         t = start + i / 4 * (end - start)
         x = left + i / 4 * plot_w
@@ -174,8 +189,8 @@ def _timeseries(panel: dict, series: list[Series], width: float, height: float, 
     else:
         parts.append(f'<text x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle" class="none">No data</text>')
     for index, line in enumerate(series):
-        x = left + (index % 2) * plot_w / 2
-        y = top + plot_h + 34 + 16 * (index // 2)
+        x = left + (index % columns) * plot_w / columns
+        y = top + plot_h + 34 + 16 * (index // columns)
         parts.append(f'<rect x="{x:.1f}" y="{y - 9:.1f}" width="14" height="4" fill="{PALETTE[index % len(PALETTE)]}"/>'
                      f'<text x="{x + 20:.1f}" y="{y:.1f}">{html.escape(line.legend)}</text>')
     return "".join(parts) + "</svg>"

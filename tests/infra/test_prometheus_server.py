@@ -34,8 +34,8 @@ from tests.helpers.waiting import wait_for
 DASHBOARD = PROJECT_ROOT / "infra" / "grafana" / "checkpoint-sentinel.json"
 JOBS = alert_rules.DEFAULT_JOBS  # the scrape job names the shipped rules select
 FLEET_JOBS = 3
-# docs/OPERATIONS.md's picture wants a few minutes of data; the relay's test, after it, needs the
-# fixture's dead letter still pending (for 10 min).
+# docs/OPERATIONS.md's picture wants a few minutes of the job running; the relay's test, after it,
+# needs the fixture's dead letter still pending (for 10 min from the job's first batches).
 PICTURE_DATA_S = 240
 
 
@@ -102,7 +102,6 @@ def stack(broker_config, trained_store, tmp_path_factory):
             folder / "run.log")
         prometheus = PrometheusServer(folder, {JOBS[part]: [f"127.0.0.1:{port}"] for part, port in ports.items()},
                                       [alert_rules.RULES_FILE]).start()
-        scraping_since = time.time()
 
         def all_up() -> bool:
             for part, command in commands.items():
@@ -114,8 +113,9 @@ def stack(broker_config, trained_store, tmp_path_factory):
 
         wait_for(all_up, timeout_s=900, every_s=2, what="Prometheus to scrape the three commands, the job reading")
         time.sleep(5)  # a few scrapes and rule evaluations of the running parts
+        reading_since = time.time()
         yield {"prometheus": prometheus, "commands": commands, "alertmanager": manager, "ports": ports,
-               "scraping_since": scraping_since}
+               "reading_since": reading_since}
     finally:
         for command in commands.values():
             command.stop()
@@ -183,9 +183,10 @@ def test_every_dashboard_query_is_valid_promql_and_returns_series_for_the_runnin
             empty.append((title, expr))
     assert empty == []
     if os.environ.get("PYTEST_DASHBOARD_SCREENSHOT"):  # docs/OPERATIONS.md's picture, from this run
-        time.sleep(max(0.0, stack["scraping_since"] + PICTURE_DATA_S - time.time()))
+        time.sleep(max(0.0, stack["reading_since"] + PICTURE_DATA_S - time.time()))
+        # From a minute before the job's first batches: the parts starting, then running.
         drawn = render_dashboard.render(prometheus.url, Path(os.environ["PYTEST_DASHBOARD_SCREENSHOT"]),
-                                        stack["scraping_since"], time.time(), model)
+                                        stack["reading_since"] - 60, time.time(), model)
         assert {panel_id for panel_id, series in drawn.items() if series} == set(drawn)
     # What the panels show is the running sentinel's: the relay's open incident, every part up.
     open_now = prometheus.query(grafana_dashboard.rendered(
