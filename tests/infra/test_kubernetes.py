@@ -12,6 +12,7 @@ strictness), when a copy of the CRDs is at :data:`CRDS`. What is not: nothing is
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import os
 import subprocess
@@ -137,6 +138,7 @@ def strict(schema: dict) -> dict:
     return out
 
 
+@functools.cache  # the SparkApplication's CRD is 800 kB of YAML
 def crd_schema(kind: str, api_version: str) -> dict:
     """The strict schema (:func:`strict`) of the CRD's served version ``api_version``; the root's
     ``metadata`` is left to Kubernetes' ObjectMeta (:func:`crd_errors`)."""
@@ -218,4 +220,5 @@ def test_a_misspelt_field_or_a_wrong_type_fails_its_crd(kind, where, key, value,
     for step in where:
         node = node[step]
     node[key] = value
-    assert crd_errors(document) and all(e.startswith(error) for e in crd_errors(document)), crd_errors(document)
+    errors = crd_errors(document)
+    assert errors and all(e.startswith(error) for e in errors), errors
