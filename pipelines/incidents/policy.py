@@ -28,7 +28,7 @@ An incident's times are ordered: ``opened_at <= updated_at`` of each of its even
 = updated_at``, and ``updated_at`` never goes back; a row that arrives behind the incident's last
 event (within the allowed lateness) is stamped with that event's time.
 
-Causes and symptoms (``pipelines/families.py``): failing checkpoints behind a leak, backpressure
+Causes and symptoms (``pipelines/families/``): failing checkpoints behind a leak, backpressure
 or a hot key, and backpressure behind a hot key on the same vertex, are the cause's *symptoms*.
 While the cause's incident is open, a symptom's decision is not an incident of its own: it joins
 the cause's incident (``symptoms: [{family, first_at, evidence}]``, an ``updated`` event) and the
@@ -45,6 +45,10 @@ the live job. The whole state is a JSON-able dict, one entry per job; :func:`ste
 events and mutates it. Jobs never see each other's entries, so the live job can step each
 partition's jobs on its own and keep each job's entry with the job's other state.
 
+Its parts: :mod:`pipelines.incidents.settings` (the settings and what the operator knows per job),
+:mod:`pipelines.incidents.batch` (a batch's rows in walking order), :mod:`pipelines.incidents.events`
+(the events themselves); this module decides.
+
 Most rows change nothing: an entity that is not open and whose post-rule holds nowhere in the
 batch only extends its score history, which is done for all of them at once; only the rows of
 entities that can open, update or resolve are walked one by one in event-time order.
@@ -52,114 +56,30 @@ entities that can open, update or resolve are walked one by one in event-time or
 
 from __future__ import annotations
 
-import hashlib
-import math
-from dataclasses import dataclass, field, replace
-from fnmatch import fnmatchcase
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
 
-from models.post_rule import DEFAULT_WARMUP_HORIZON_S, GROWTH_COLUMNS, PostRule
-from pipelines.contracts import SCHEMA_VERSION
+from models.post_rule import GROWTH_COLUMNS, PostRule
 from pipelines.contracts import TERMINAL_JOB_STATES as TERMINAL_STATES
-from pipelines.families import (ALERTNAMES, BY_NAME, EVALUATION_ORDER, EXPLAINED_BY, LOCALISED, ONE_PER_JOB,
-                                SAME_VERTEX)
+from pipelines.families import BY_NAME, EXPLAINED_BY, LOCALISED, ONE_PER_JOB, SAME_VERTEX
 from pipelines.families.base import checkpoint_failed
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
+from pipelines.incidents.batch import BatchNames, RowRecords, scored_rows
+from pipelines.incidents.events import (FORECAST_RECEDED, SEVERITY_RANK, TIMEOUT_METRIC, UNCONFIRMED, clean_value,
+                                        incident_event, incident_id, incident_labels, incident_time, prediction_fields,
+                                        public_symptoms, rank, recent_failure, summary_base, summary_with_symptoms,
+                                        suspicion, unconfirmed, with_symptoms)
+from pipelines.incidents.settings import JobOverride, JobSettings, PolicySettings
+
+# What the rest of the product imports from here, wherever it is defined.
+__all__ = ["FORECAST_RECEDED", "JOB_GONE", "SEVERITY_RANK", "TERMINAL_STATES", "TIMEOUT_METRIC", "UNCONFIRMED",
+           "JobOverride", "JobSettings", "PolicySettings", "any_open", "incident_id", "incident_labels", "resolve_gone",
+           "step"]
 
 RECENT_VALUES = 6  # raw values kept per entity for the evidence
-TIMEOUT_METRIC = "checkpoint_duration_ms"  # a forecast that checkpoints will exceed their timeout: a warning
-SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-
-
-@dataclass(frozen=True)
-class JobOverride:
-    """What the operator knows about the jobs whose name matches ``job_name`` (a glob)."""
-
-    job_name: str
-    warmup_horizon_s: float | None = None
-    state_limit_bytes: int | None = None
-    mute: tuple[str, ...] = ()
-    warning_horizon_s: float | None = None
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    warmup_horizon_s: float
-    state_limit_bytes: int | None
-    mute: tuple[str, ...]
-    warning_horizon_s: float = 900.0
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    resolve_after_ms: int = 600_000
-    eta_change_ratio: float = 0.25
-    critical_eta_s: float = 3600.0
-    state_limit_bytes: int | None = None
-    forget_after_ms: int = 1_800_000  # a job back after this long, with nothing open, starts afresh
-    warmup_horizon_s: float = DEFAULT_WARMUP_HORIZON_S
-    job_overrides: tuple[JobOverride, ...] = field(default=())
-    eta_change_min_ms: int = 300_000
-    min_update_interval_ms: int = 300_000
-    warning_horizon_s: float = 900.0
-    predict_failures: bool = True
-    _resolved: dict = field(default_factory=dict, compare=False, hash=False, repr=False)  # job name -> JobSettings
-
-    @classmethod
-    def from_config(cls, config) -> "PolicySettings":
-        detection = config.detection
-        overrides = tuple(JobOverride(o.job_name, o.warmup_horizon_s, o.state_limit_bytes, tuple(o.mute),
-                                      o.warning_horizon_s) for o in detection.job_overrides)
-        return cls(int(detection.resolve_after_s * 1000), detection.eta_change_ratio, detection.critical_eta_s,
-                   detection.state_limit_bytes, config.features.idle_timeout_ms, detection.warmup_horizon_s, overrides,
-                   eta_change_min_ms=int(detection.eta_change_min_s * 1000),
-                   min_update_interval_ms=int(detection.min_update_interval_s * 1000),
-                   warning_horizon_s=detection.warning_horizon_s, predict_failures=detection.predict_failures)
-
-    def for_job(self, job_name: str | None) -> JobSettings:
-        """The settings of one job: the first matching override, over the defaults."""
-        name = job_name or ""
-        resolved = self._resolved.get(name)
-        if resolved is None:
-            if len(self._resolved) > 65536:
-                self._resolved.clear()
-            resolved = self._resolved[name] = _job_settings(self, name)
-        return resolved
-
-    def without_predictions(self) -> "PolicySettings":
-        """These settings with no predicted incidents: the decisions of the detectors (or of the
-        static alarms) alone."""
-        return replace(self, predict_failures=False, _resolved={})
-
-    def with_overrides(self, overrides) -> "PolicySettings":
-        """These settings with ``overrides`` tried before the configured ones."""
-        return replace(self, job_overrides=tuple(overrides) + self.job_overrides, _resolved={})
-
-
-def _job_settings(settings: PolicySettings, job_name: str) -> JobSettings:
-    for override in settings.job_overrides:
-        if fnmatchcase(job_name, override.job_name):
-            return JobSettings(
-                override.warmup_horizon_s if override.warmup_horizon_s is not None else settings.warmup_horizon_s,
-                override.state_limit_bytes if override.state_limit_bytes is not None else settings.state_limit_bytes,
-                override.mute,
-                override.warning_horizon_s if override.warning_horizon_s is not None else settings.warning_horizon_s)
-    return JobSettings(settings.warmup_horizon_s, settings.state_limit_bytes, (), settings.warning_horizon_s)
-
-
-def incident_id(cluster: str, job_id: str, family: str, vertex_id: str | None, opened_at: int) -> str:
-    raw = f"{cluster}|{job_id}|{family}|{vertex_id or ''}|{opened_at}".encode()
-    return f"{family}-{hashlib.sha256(raw).hexdigest()[:20]}"
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
 
 
 def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRule],
@@ -173,7 +93,7 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     """
     if scores.empty:
         return _terminal(state, rows)
-    scored, names = _scored(rows, scores, rules)
+    scored, names = scored_rows(rows, scores, rules)
     _forget_returning_jobs(state, scored, names, settings.forget_after_ms)
     decided, held, predicted = _decisions(state, scored, names, rules, settings)
     active = _active(state, scored, names, decided | held | predicted)
@@ -183,58 +103,7 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     return events + _terminal(state, rows)
 
 
-_ROW_KEYS = ("cluster", "job_id", "job_name", "job_state", "vertex_id", "ts")
-
-
-@dataclass(frozen=True)
-class _Names:
-    """The state keys of the numbered jobs and (job, family, vertex) entities of a batch."""
-
-    jobs: np.ndarray
-    entities: np.ndarray
-
-
-def _scored(rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[str, PostRule]) -> tuple[pd.DataFrame, _Names]:
-    """One row per score, in the order the policy walks them (job, event time, causes first,
-    vertex), with the few row columns the decisions read; ``_row`` points back into ``rows``,
-    ``_job`` and ``_entity`` number the jobs and (job, family, vertex) entities."""
-    positions = rows.index.get_indexer(scores["row"])
-    found = positions >= 0
-    if not found.all():
-        scores, positions = scores[found], positions[found]
-    needed = (set(_ROW_KEYS) | set(RECENT_COLUMNS.values()) | {"limit_eta_s"} | set(ev.LIMIT_COLUMNS)
-              | set(GROWTH_COLUMNS))
-    for rule in rules.values():
-        needed.update(rule.guard_columns())
-    for family in BY_NAME.values():
-        needed.update(family.prediction_columns)
-    # Built as arrays and put in walking order before they become one frame: taking and
-    # re-indexing the frame instead copies it several times over (a backlog's whole batch).
-    columns = {c: rows[c].to_numpy()[positions] for c in sorted(needed) if c in rows.columns}
-    columns["_row"] = positions
-    for name in ("family", "score", "model_name", "model_version", "model_alias"):
-        columns[name] = scores[name].to_numpy()
-    columns["_vertex"] = pd.Series(columns["vertex_id"]).fillna("").to_numpy()
-    cluster, clusters = pd.factorize(columns["cluster"], sort=True)
-    job_id, job_ids = pd.factorize(columns["job_id"], sort=True)
-    vertex, vertices = pd.factorize(columns["_vertex"], sort=True)
-    families, named = pd.factorize(columns["family"])
-    family = np.array([EVALUATION_ORDER.index(name) for name in named], dtype=np.int64)[families]
-    order = np.lexsort((vertex, family, columns["ts"], job_id, cluster))
-    scored = pd.DataFrame({name: values[order] for name, values in columns.items()})
-    cluster, job_id, vertex, family = cluster[order], job_id[order], vertex[order], family[order]
-    _, job_first, job = np.unique(cluster.astype(np.int64) * len(job_ids) + job_id, return_index=True,
-                                  return_inverse=True)
-    scored["_job"] = job
-    jobs = np.array([f"{clusters[cluster[i]]}/{job_ids[job_id[i]]}" for i in job_first] or [""], dtype=object)
-    entity_code = (job.astype(np.int64) * len(EVALUATION_ORDER) + family) * len(vertices) + vertex
-    _, first, entity = np.unique(entity_code, return_index=True, return_inverse=True)
-    scored["_entity"] = entity
-    entities = np.array([f"{EVALUATION_ORDER[family[i]]}/{vertices[vertex[i]]}" for i in first] or [""], dtype=object)
-    return scored, _Names(jobs, entities)
-
-
-def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: _Names, forget_after_ms: int) -> None:
+def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: BatchNames, forget_after_ms: int) -> None:
     """A job back after ``forget_after_ms`` of silence with nothing open starts afresh, as its
     feature state does after the idle timeout: its old scores say nothing about its new run.
     Judged on the job's own event time only, so it does not matter which other jobs share the
@@ -247,11 +116,11 @@ def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: _Names, for
 
 
 def any_open(job: dict) -> bool:
-    """Whether a job's policy entry has an incident open, or a suspicion held (see :func:`_suspicion`)."""
+    """Whether a job's policy entry has an incident open, or a suspicion held (see :func:`suspicion`)."""
     return any(isinstance(e, dict) and (e.get("open") or e.get("held")) for e in job.values())
 
 
-def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarray) -> np.ndarray:
+def _active(state: dict, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray) -> np.ndarray:
     """Rows of the entities this batch can change: open before it, or decided at some row of it.
     The others only extend their score history, which needs no walk in event-time order."""
     changing = np.zeros(len(names.entities), dtype=bool)
@@ -267,13 +136,13 @@ def _active(state: dict, scored: pd.DataFrame, names: _Names, decided: np.ndarra
     return changing[entity]
 
 
-def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _Names, decided: np.ndarray,
+def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray,
                  rules: Mapping[str, PostRule], settings: PolicySettings, held: np.ndarray | None = None,
                  predicted: np.ndarray | None = None) -> list[dict]:
     """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
     jobs, entities = names.jobs, names.entities
     columns = {name: scored[name].tolist() for name in scored.columns}
-    full_record = _RowRecords(rows, columns["_row"])
+    full_record = RowRecords(rows, columns["_row"])
     events: list[dict] = []
     for i in range(len(scored)):
         family, ts = columns["family"][i], int(columns["ts"][i])
@@ -282,7 +151,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         entity = job.setdefault(entities[columns["_entity"][i]], {"scores": [], "recent": [], "open": None})
         entity["scores"] = (entity["scores"] + [float(columns["score"][i])])[-rules[family].n:]
         recent = columns.get(RECENT_COLUMNS.get(family))
-        if recent is not None and _clean(recent[i]) is not None:
+        if recent is not None and clean_value(recent[i]) is not None:
             entity["recent"] = (entity["recent"] + [recent[i]])[-RECENT_VALUES:]
         job_settings = settings.for_job(columns["job_name"][i])
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
@@ -309,7 +178,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
         forecast = record["forecasts"][0] if record["forecasts"] else None  # the soonest
         if suspected and not holds and entity["open"] is None:
             if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
-                entity["held"] = _suspicion(entity, record, forecast, job_settings)
+                entity["held"] = suspicion(entity, record, forecast, job_settings)
             continue
         if predicting and not holds and entity["open"] is None:
             since = entity.setdefault("predicting_since", ts)
@@ -330,30 +199,7 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: _
     return events
 
 
-class _RowRecords:
-    """The feature rows a walk may need as dicts (NaN as None), made only for the rows it asks
-    for: most rows of changing entities change nothing, and making every row a dict first was
-    most of the walk's time when training replays whole runs as one batch."""
-
-    def __init__(self, rows: pd.DataFrame, positions: list[int]):
-        self._rows, self._positions = rows, sorted(set(positions))
-        self._names: list[str] = []
-        self._values: list[list] | None = None
-        self._index: dict[int, int] = {}
-
-    def __call__(self, position: int) -> dict:
-        if self._values is None:
-            # Python values, column by column, as ``DataFrame.to_dict("records")`` gives them.
-            taken = self._rows.iloc[self._positions]
-            self._names = list(taken.columns)  # a list: iterating a pandas Index on every call costs
-            self._values = [taken[name].tolist() for name in self._names]
-            self._index = {p: k for k, p in enumerate(self._positions)}
-        k = self._index[position]
-        # NaN is the only value unequal to itself: the cheap test, on every column.
-        return {name: (v if (v := values[k]) == v else None) for name, values in zip(self._names, self._values)}
-
-
-def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule]) -> None:
+def _remember(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule]) -> None:
     """Extend the score and evidence history of entities nothing happened to (their last ``n``
     scores, their last recent values), and each job's latest event time."""
     if scored.empty:
@@ -383,7 +229,7 @@ def _remember(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[s
                 record["recent"] = (record["recent"] + fresh)[-RECENT_VALUES:]
 
 
-def _decisions(state: dict, scored: pd.DataFrame, names: _Names, rules: Mapping[str, PostRule],
+def _decisions(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule],
                settings: PolicySettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's post-rule decision, whether a guard holds it back (see
     :meth:`PostRule.decide_and_hold_rows`), and whether its family's forecast predicts a failure
@@ -475,23 +321,23 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
     """Name ``family`` a symptom of the cause's open incident; an ``updated`` event when it is new
     or raises the incident's severity."""
     open_ = cause["open"]
-    ts = _incident_time(open_, int(record["ts"]))
+    ts = incident_time(open_, int(record["ts"]))
     severity = severity or ev.severity(family, record, None, settings.critical_eta_s)
     symptoms = open_.setdefault("symptoms", [])
     known = next((s for s in symptoms if s["family"] == family), None)
     if known is None:
-        evidence = ev.evidence(family, record, _recent_failure(family, record))
+        evidence = ev.evidence(family, record, recent_failure(family, record))
         if family in LOCALISED:  # where it shows, which need not be the cause's vertex
             evidence.update(vertex_id=record.get("vertex_id"), vertex_name=record.get("vertex_name"))
         symptoms.append({"family": family, "first_at": first_at, "evidence": evidence,
                          "severity": severity, "last_at": ts})
     else:
         known.update(last_at=ts, severity=max(known["severity"], severity, key=SEVERITY_RANK.get))
-    raised = _rank(_with_symptoms(open_, open_["severity"], ts, settings)) > _rank(open_["severity"])
+    raised = rank(with_symptoms(open_, open_["severity"], ts, settings)) > rank(open_["severity"])
     if known is not None and not raised:
         return []
     last = dict(open_["last_event"])
-    new_severity = _with_symptoms(open_, open_["severity"], ts, settings)
+    new_severity = with_symptoms(open_, open_["severity"], ts, settings)
     open_["severity"] = new_severity
     if family == last["family"]:  # the same family elsewhere in the job: where else it shows
         detail = f"{record.get('vertex_name') or record.get('vertex_id')} slowed too"
@@ -499,48 +345,17 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
         detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
     next(s for s in symptoms if s["family"] == family)["detail"] = detail  # the latest word on it
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
-             "summary": _summary(open_, new_severity, open_.get("summary_base") or _base(last["summary"])),
-             "symptoms": _public_symptoms(open_),
-             "labels": {**last["labels"], "severity": new_severity, "event": "updated"}, **_prediction_fields(open_)}
+             "summary": summary_with_symptoms(open_, new_severity, open_.get("summary_base") or summary_base(last["summary"])),
+             "symptoms": public_symptoms(open_),
+             "labels": {**last["labels"], "severity": new_severity, "event": "updated"}, **prediction_fields(open_)}
     open_["last_event"] = event
     return [event]
 
 
-def _base(summary: str) -> str:
-    """A published summary without its severity and its symptoms."""
-    return summary.split("] ", 1)[-1].split(" (and ", 1)[0]
-
-
-def _summary(open_: dict, severity: str, base: str) -> str:
-    """An open incident's summary: its cause's latest sentence, and each symptom once, in its
-    latest words (not the text of every earlier update appended again)."""
-    details = [s.get("detail") or s["family"].replace("_", " ") for s in open_.get("symptoms", [])]
-    return f"[{severity}] {base}" + (f" (and {', '.join(details)})" if details else "")
-
-
-def _recent_failure(family: str, record: dict) -> dict:
-    return BY_NAME[family].recent_evidence(record)
-
-
-def _public_symptoms(open_: dict) -> list[dict]:
-    return [{"family": s["family"], "first_at": s["first_at"], "evidence": s["evidence"]}
-            for s in open_.get("symptoms", [])]
-
-
-def _rank(severity: str) -> int:
-    return SEVERITY_RANK[severity]
-
-
-def _with_symptoms(open_: dict, severity: str, ts: int, settings: PolicySettings) -> str:
-    """The worse of ``severity`` and the severities of symptoms seen within the clear time."""
-    current = [s["severity"] for s in open_.get("symptoms", []) if ts - s["last_at"] < settings.resolve_after_ms]
-    return max([severity, *current], key=SEVERITY_RANK.get)
-
-
 def _resolve_now(entity: dict, family: str, record: dict) -> dict:
-    row = {**{k: _clean(v) for k, v in record.items()}, "family": family, "score": entity["scores"][-1],
+    row = {**{k: clean_value(v) for k, v in record.items()}, "family": family, "score": entity["scores"][-1],
            "vertex_id": entity["open"].get("vertex_id"), "model_name": None, "model_version": None, "model_alias": None}
-    event = _event("resolved", entity, row, None, entity["open"]["severity"])
+    event = incident_event("resolved", entity, row, None, entity["open"]["severity"])
     entity["open"] = None
     return event
 
@@ -556,7 +371,7 @@ def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, 
     # The first failed checkpoint while an incident is open: when, and how long after its warning.
     failed_now = open_ is not None and open_.get("first_failure_at") is None and checkpoint_failed(record)
     if failed_now:
-        open_.update(first_failure_at=_incident_time(open_, ts), failure_told=False)
+        open_.update(first_failure_at=incident_time(open_, ts), failure_told=False)
     if holds:
         severity = ev.severity(family, record, forecast, settings.critical_eta_s)
         if open_ is None:
@@ -565,16 +380,16 @@ def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, 
                               "eta_at": ts, "clear_since": None}
             if record.get("predicted"):
                 entity["open"].update(predicted=True, warned_at=ts)
-            return [_event("opened", entity, record, forecast, severity)]
+            return [incident_event("opened", entity, record, forecast, severity)]
         open_["clear_since"] = None
-        severity = _with_symptoms(open_, _settled_severity(open_, severity, ts, settings), ts, settings)
+        severity = with_symptoms(open_, _settled_severity(open_, severity, ts, settings), ts, settings)
         # A predicted failure that came is news to on-call whatever else changed.
         if (severity != open_["severity"] or _eta_moved(open_, forecast, ts, settings)
                 or (open_.get("predicted") and open_.get("failure_told") is False)):
             open_.update(severity=severity, eta_ms=forecast and forecast["eta_ms"], eta_at=ts)
-            return [_event("updated", entity, record, forecast, severity)]
+            return [incident_event("updated", entity, record, forecast, severity)]
         # What a symptom's update says of the cause follows its latest row, not the last published one.
-        open_["summary_base"] = _base(ev.summary(family, record, forecast, open_["severity"])
+        open_["summary_base"] = summary_base(ev.summary(family, record, forecast, open_["severity"])
                                       + ev.timeout_warning(record.get("forecasts") or []))
         return []
     if open_ is None:
@@ -582,7 +397,7 @@ def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, 
     open_["clear_since"] = open_["clear_since"] if open_["clear_since"] is not None else ts
     if terminal or ts - open_["clear_since"] >= settings.resolve_after_ms:
         receded = _predicted_only(open_)
-        event = _event("resolved", entity, record, None, open_["severity"])
+        event = incident_event("resolved", entity, record, None, open_["severity"])
         resolution = None if terminal else FORECAST_RECEDED if receded else BY_NAME[family].cleared_resolution(record)
         if resolution:
             event["resolution"] = resolution  # e.g. a leak whose state levelled off
@@ -638,134 +453,16 @@ def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
 
 
 def _suspicions(job: dict, at_ms: int, why: str) -> list[dict]:
-    """The suspicions a job still holds as it ends or goes away (see :func:`_unconfirmed`), but
+    """The suspicions a job still holds as it ends or goes away (see :func:`unconfirmed`), but
     those an open cause explains (a symptom of it, as it would have been once confirmed)."""
     events = []
     for family, vertex_id, entity in _entities(job):
         if entity.get("held"):
             if _open_cause(job, family, vertex_id or None) is None:
-                events.extend(_unconfirmed(entity, at_ms, why))
+                events.extend(unconfirmed(entity, at_ms, why))
             else:
                 del entity["held"]
     return events
-
-
-UNCONFIRMED = "unconfirmed"
-FORECAST_RECEDED = "forecast_receded"
-
-
-def _suspicion(entity: dict, record: dict, forecast: dict | None, job_settings: JobSettings) -> dict:
-    """What a decision a guard holds back becomes if the job ends or goes away before the guard
-    lifts: the opening of an ``info`` incident, kept until then (see :func:`_unconfirmed`)."""
-    family, ts = record["family"], int(record["ts"])
-    guard = BY_NAME[family].guard_text(job_settings.warmup_horizon_s)
-    entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
-                      "opened_at": ts, "severity": "info", "eta_ms": None, "eta_at": ts, "clear_since": None}
-    event = _event("opened", entity, record, forecast, "info")
-    entity["open"] = None
-    event["summary"] = f"[suspected] {event['summary']} (not confirmed: within {guard})"
-    return {"event": event, "guard": guard}
-
-
-def _unconfirmed(entity: dict, at_ms: int, why: str) -> list[dict]:
-    """A suspicion still held when its job ended or went away: published as an ``info`` incident
-    opened where the guard first held it back and resolved at once, ``resolution: unconfirmed``.
-    A fault shorter than its guard is told, not swallowed; it never pages (severity ``info``)."""
-    held = entity.pop("held")
-    opened = {**held["event"], "labels": {**held["event"]["labels"], "severity": "info"}}
-    ts = max(at_ms, opened["updated_at"])
-    where = f" / {opened['vertex_name']}" if opened.get("vertex_name") else ""
-    resolved = {**opened, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None, "forecasts": [],
-                "summary": f"[resolved] suspected {opened['family'].replace('_', ' ')} in {opened['job_name']}{where}: "
-                           f"not confirmed, {why} within {held['guard']}",
-                "labels": {**opened["labels"], "event": "resolved"}, "resolution": UNCONFIRMED}
-    return [opened, resolved]
-
-
-def incident_labels(family: str, record: dict, open_: dict, severity: str, kind: str) -> dict:
-    """Routing labels: all but ``severity`` and ``event`` name the incident's alert (its identity in
-    Alertmanager: an alertname per family, the cluster, the job and the vertex), so an incident's
-    opened, updated and resolved events are one alert; ``severity`` routes it, ``event`` is kept
-    for consumers of contract v1 that read it."""
-    return {"alertname": ALERTNAMES[family], "cluster": record["cluster"], "job_name": record.get("job_name") or "",
-            "job_id": record["job_id"], "vertex_id": open_.get("vertex_id") or "",
-            "vertex": open_.get("vertex_name") or "", "family": family, "severity": severity, "event": kind}
-
-
-def _incident_time(open_: dict, ts: int) -> int:
-    """An incident event's time: the row's, but never before the incident opened or its last event.
-    A job's rows arrive up to the allowed lateness out of event-time order (checkpoints carry the
-    JobManager's clock, status polls the collector's), and an alert must not end before it starts."""
-    last = open_.get("last_event") or {}
-    return max(ts, open_["opened_at"], last.get("updated_at") or ts)
-
-
-def _event(kind: str, entity: dict, record: dict, forecast: dict | None, severity: str) -> dict:
-    open_, family = entity["open"], record["family"]
-    ts = _incident_time(open_, int(record["ts"]))
-    open_.setdefault("vertex_id", record.get("vertex_id"))
-    open_.setdefault("vertex_name", record.get("vertex_name"))
-    open_.setdefault("subtask_index", ev.subtask_of(family, record))
-    open_["model"] = {"name": record.get("model_name") or open_.get("model", {}).get("name", ""),
-                      "version": record.get("model_version") or open_.get("model", {}).get("version"),
-                      "alias": record.get("model_alias") or open_.get("model", {}).get("alias")}
-    recent = {f"recent_{RECENT_COLUMNS[family]}": entity["recent"]} if family in RECENT_COLUMNS else {}
-    recent.update(_recent_failure(family, record))
-    summary = ev.summary(family, record, forecast, severity) + (
-        ev.timeout_warning(record.get("forecasts") or []) if kind != "resolved" else "")
-    if kind == "resolved":
-        summary = f"[resolved] {family.replace('_', ' ')} in {record.get('job_name')}" + (
-            f" / {open_['vertex_name']}" if open_["vertex_name"] else "") + (
-            " (the job ended)" if record.get("job_state") in TERMINAL_STATES else " has cleared")
-    else:
-        open_["summary_base"] = _base(summary)
-        summary = _summary(open_, severity, open_["summary_base"])
-    event = {
-        "schema_version": SCHEMA_VERSION,
-        "incident_id": open_["id"],
-        "event": kind,
-        "family": family,
-        "severity": severity,
-        "cluster": record["cluster"],
-        "job_id": record["job_id"],
-        "job_name": record.get("job_name") or "",
-        "vertex_id": open_["vertex_id"],
-        "vertex_name": open_["vertex_name"],
-        "subtask_index": open_["subtask_index"],
-        "score": min(1.0, max(0.0, float(record["score"]))),
-        "model": open_["model"],
-        "opened_at": open_["opened_at"],
-        "updated_at": ts,
-        "resolved_at": ts if kind == "resolved" else None,
-        "summary": summary,
-        "evidence": ev.evidence(family, record, recent),
-        "forecast": forecast,
-        "forecasts": (record.get("forecasts") or []) if kind != "resolved" else [],
-        "runbook": ev.runbook(family, record),
-        "labels": incident_labels(family, record, open_, severity, kind),
-    }
-    if open_.get("symptoms"):
-        event["symptoms"] = _public_symptoms(open_)
-    if kind != "resolved" and "warned_at" not in open_ and any(
-            f["metric"] == TIMEOUT_METRIC for f in event["forecasts"]):
-        open_["warned_at"] = ts
-    event.update(_prediction_fields(open_))
-    if kind != "resolved":
-        open_["last_event"] = event
-    return event
-
-
-def _prediction_fields(open_: dict) -> dict:
-    """``predicted`` on an incident opened on a forecast; once a checkpoint failed while it was
-    open, ``first_failure_at`` and ``lead_time_ms`` (from its first warning that checkpoints would
-    fail; null: it gave none), the failure then marked told."""
-    fields: dict[str, Any] = {"predicted": True} if open_.get("predicted") else {}
-    failed = open_.get("first_failure_at")
-    if failed is not None:
-        open_["failure_told"] = True
-        warned = open_.get("warned_at")
-        fields.update(first_failure_at=failed, lead_time_ms=None if warned is None else max(0, failed - warned))
-    return fields
 
 
 JOB_GONE = "job_gone"
