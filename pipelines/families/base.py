@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 MIB = 1024 * 1024
+# A forecast of completed checkpoints' duration against their timeout: the warning that they will fail.
+TIMEOUT_METRIC = "checkpoint_duration_ms"
 # The persistence grid a post-rule is calibrated over when its family names none of its own.
 CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
 
@@ -210,7 +212,7 @@ def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float) -> dict |
         return None
     low, high = num(row, "checkpoint_timeout_eta_low_s"), num(row, "checkpoint_timeout_eta_high_s")
     over = num(row, "checkpoint_duration_fitted_over_s")
-    return {"metric": "checkpoint_duration_ms", "limit": int(timeout), "limit_source": "job",
+    return {"metric": TIMEOUT_METRIC, "limit": int(timeout), "limit_source": "job",
             "eta_ms": int(eta * 1000), "eta_low_ms": int((low if low is not None else eta) * 1000),
             "eta_high_ms": None if high is None else int(high * 1000),
             "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
@@ -219,12 +221,17 @@ def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float) -> dict |
 def timeout_warning(forecasts: list[dict]) -> str:
     """The sentence a warning adds to a summary: "checkpoints will exceed their 1 s timeout in
     ~4 min (3-6 min)"; empty without a timeout forecast."""
-    timeout = next((f for f in forecasts if f["metric"] == "checkpoint_duration_ms"), None)
+    timeout = timeout_forecast_in(forecasts)
     if timeout is None:
         return ""
     if timeout["eta_ms"] <= 0:
         return f"; checkpoints take their {human_duration(timeout['limit'] / 1000)} timeout now"
     return f"; checkpoints will exceed their {human_duration(timeout['limit'] / 1000)} timeout in {eta_text(timeout)}"
+
+
+def timeout_forecast_in(forecasts: list[dict] | None) -> dict | None:
+    """The timeout forecast among an incident's ``forecasts``, if any."""
+    return next((f for f in forecasts or [] if f.get("metric") == TIMEOUT_METRIC), None)
 
 
 def eta_text(forecast: Mapping[str, Any]) -> str:
@@ -242,7 +249,7 @@ def limit_text(forecast: Mapping[str, Any]) -> str:
     """What a forecast runs into, in words: "the 3s checkpoint timeout", "the 5.0 MB state limit
     (config)"."""
     limit, source = forecast.get("limit"), forecast.get("limit_source") or "?"
-    if forecast["metric"] == "checkpoint_duration_ms" and limit:
+    if forecast["metric"] == TIMEOUT_METRIC and limit:
         return f"the {human_duration(limit / 1000)} checkpoint timeout"
     if limit:
         return f"the {mb(limit)} state limit ({source})"

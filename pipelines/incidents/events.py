@@ -15,12 +15,12 @@ from typing import Any
 from pipelines.contracts import SCHEMA_VERSION
 from pipelines.contracts import TERMINAL_JOB_STATES as TERMINAL_STATES
 from pipelines.families import ALERTNAMES, BY_NAME
+from pipelines.families.base import timeout_forecast_in
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 from pipelines.incidents.settings import JobSettings, PolicySettings
 
 
-TIMEOUT_METRIC = "checkpoint_duration_ms"  # a forecast that checkpoints will exceed their timeout: a warning
 
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
@@ -35,6 +35,12 @@ def clean_value(value: Any) -> Any:
     if isinstance(value, float) and math.isnan(value):
         return None
     return value
+
+
+def cause_sentence(family: str, record: dict, forecast: dict | None, severity: str) -> str:
+    """What an open incident says of its cause at ``record``: the family's summary, and the
+    timeout warning its forecasts carry."""
+    return ev.summary(family, record, forecast, severity) + ev.timeout_warning(record.get("forecasts") or [])
 
 
 def summary_base(summary: str) -> str:
@@ -131,14 +137,12 @@ def incident_event(kind: str, entity: dict, record: dict, forecast: dict | None,
                       "alias": record.get("model_alias") or open_.get("model", {}).get("alias")}
     recent = {f"recent_{RECENT_COLUMNS[family]}": entity["recent"]} if family in RECENT_COLUMNS else {}
     recent.update(recent_failure(family, record))
-    summary = ev.summary(family, record, forecast, severity) + (
-        ev.timeout_warning(record.get("forecasts") or []) if kind != "resolved" else "")
     if kind == "resolved":
         summary = f"[resolved] {family.replace('_', ' ')} in {record.get('job_name')}" + (
             f" / {open_['vertex_name']}" if open_["vertex_name"] else "") + (
             " (the job ended)" if record.get("job_state") in TERMINAL_STATES else " has cleared")
     else:
-        open_["summary_base"] = summary_base(summary)
+        open_["summary_base"] = summary_base(cause_sentence(family, record, forecast, severity))
         summary = summary_with_symptoms(open_, severity, open_["summary_base"])
     event = {
         "schema_version": SCHEMA_VERSION,
@@ -166,8 +170,7 @@ def incident_event(kind: str, entity: dict, record: dict, forecast: dict | None,
     }
     if open_.get("symptoms"):
         event["symptoms"] = public_symptoms(open_)
-    if kind != "resolved" and "warned_at" not in open_ and any(
-            f["metric"] == TIMEOUT_METRIC for f in event["forecasts"]):
+    if kind != "resolved" and "warned_at" not in open_ and timeout_forecast_in(event["forecasts"]):
         open_["warned_at"] = ts
     event.update(prediction_fields(open_))
     if kind != "resolved":

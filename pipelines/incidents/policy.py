@@ -68,14 +68,14 @@ from pipelines.families.base import checkpoint_failed
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 from pipelines.incidents.batch import BatchNames, RowRecords, scored_rows
-from pipelines.incidents.events import (FORECAST_RECEDED, SEVERITY_RANK, TIMEOUT_METRIC, UNCONFIRMED, clean_value,
+from pipelines.incidents.events import (FORECAST_RECEDED, SEVERITY_RANK, UNCONFIRMED, cause_sentence, clean_value,
                                         incident_event, incident_id, incident_labels, incident_time, prediction_fields,
                                         public_symptoms, rank, recent_failure, summary_base, summary_with_symptoms,
                                         suspicion, unconfirmed, with_symptoms)
 from pipelines.incidents.settings import JobOverride, JobSettings, PolicySettings
 
 # What the rest of the product imports from here, wherever it is defined.
-__all__ = ["FORECAST_RECEDED", "JOB_GONE", "SEVERITY_RANK", "TERMINAL_STATES", "TIMEOUT_METRIC", "UNCONFIRMED",
+__all__ = ["FORECAST_RECEDED", "JOB_GONE", "SEVERITY_RANK", "TERMINAL_STATES", "UNCONFIRMED",
            "JobOverride", "JobSettings", "PolicySettings", "any_open", "incident_id", "incident_labels", "resolve_gone",
            "step"]
 
@@ -345,7 +345,8 @@ def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings
         detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
     next(s for s in symptoms if s["family"] == family)["detail"] = detail  # the latest word on it
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
-             "summary": summary_with_symptoms(open_, new_severity, open_.get("summary_base") or summary_base(last["summary"])),
+             "summary": summary_with_symptoms(open_, new_severity,
+                                              open_.get("summary_base") or summary_base(last["summary"])),
              "symptoms": public_symptoms(open_),
              "labels": {**last["labels"], "severity": new_severity, "event": "updated"}, **prediction_fields(open_)}
     open_["last_event"] = event
@@ -389,8 +390,7 @@ def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, 
             open_.update(severity=severity, eta_ms=forecast and forecast["eta_ms"], eta_at=ts)
             return [incident_event("updated", entity, record, forecast, severity)]
         # What a symptom's update says of the cause follows its latest row, not the last published one.
-        open_["summary_base"] = summary_base(ev.summary(family, record, forecast, open_["severity"])
-                                      + ev.timeout_warning(record.get("forecasts") or []))
+        open_["summary_base"] = summary_base(cause_sentence(family, record, forecast, open_["severity"]))
         return []
     if open_ is None:
         return []

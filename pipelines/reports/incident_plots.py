@@ -23,7 +23,7 @@ import pandas as pd
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable
 from pipelines.families import BY_NAME
-from pipelines.families.base import eta_text
+from pipelines.families.base import eta_text, timeout_forecast_in
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.page_inputs import MIB, JobMetrics, last_open_event
 
@@ -270,10 +270,10 @@ def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
 
 def _timeout_forecast(ax, history: Sequence[dict], done: pd.DataFrame) -> None:
     """The incident's latest timeout forecast: from the duration of the last checkpoint completed
-    before it, a line to the timeout at its ETA and the band of its 95 % bounds (to the plot's edge where the band is
-    open above)."""
+    before it, a line to the timeout at its ETA and the band of its 95 % bounds (to the plot's
+    edge where the band is open above)."""
     incident = last_open_event(history) if history else {}
-    forecast = next((f for f in incident.get("forecasts") or [] if f.get("metric") == "checkpoint_duration_ms"), None)
+    forecast = timeout_forecast_in(incident.get("forecasts"))
     at = incident.get("updated_at")
     before = done[done["trigger_ts"] <= at] if forecast and at is not None and len(done) else done.iloc[:0]
     if before.empty or not forecast.get("limit") or forecast["eta_ms"] <= 0:
