@@ -102,7 +102,8 @@ def _cmd_evaluate(config: SentinelConfig, args: argparse.Namespace) -> int:
         chosen = subset(dataset, args.run, Path(tmp) / dataset.name) if args.run else dataset
         evaluation = evaluate_dataset(config, chosen, args.split, cache.models)
     for line in (evaluation.run_lines() + [""] + evaluation.family_lines() + [""] + evaluation.stratum_lines()
-                 + ([""] + evaluation.lead_lines() if evaluation.lead else [])):
+                 + ([""] + evaluation.lead_lines() if evaluation.lead else [])
+                 + ([""] + evaluation.ending_lines() if evaluation.comparison.ended else [])):
         print(line)
     out = Path(args.out) if args.out else Path(config.state_dir) / "reports" / f"evaluate-{dataset.name}-{args.split}"
     index = write_report(evaluation, out, f"sentinel evaluate: {dataset} ({args.split})")

@@ -9,6 +9,11 @@ symptom whose cause the run's ground truth lists too); the delay runs from the o
 moment (negative when it came first). It is
 **localised** when the incident names the fault's vertex (job-level families always are).
 
+A fault that **ends** in its run (its ``end_ts``: a leak that was fixed) is judged on how its
+incidents (its family at its place) ended too: how long after the fault's end the last of them
+resolved (``resolved_after_end_s``), or that one never did (None: a pager that would not stop).
+A fault found only as a symptom of another cause's incident is that cause's, and is not judged so.
+
 Every other opened incident is **false**, anomalies included: on a healthy run any incident is
 one too many. A **false family** is a family an incident claims on a faulty run (as its family or
 a symptom) that the run does not have.
@@ -32,7 +37,9 @@ class RunOutcome:
     job_id: str
     scenario: str
     expected: list[str]  # families of the run's faults ([] for a healthy run)
-    found: list[dict] = field(default_factory=list)  # {family, vertex_name, delay_s, localised, incident_id, as_symptom}
+    # {family, vertex_name, delay_s, localised, incident_id, as_symptom}, and for a fault that ends:
+    # {ended_at, resolved_at, resolution, resolved_after_end_s}
+    found: list[dict] = field(default_factory=list)
     missed: list[dict] = field(default_factory=list)  # {family, vertex_name}
     false: list[dict] = field(default_factory=list)  # the opened incidents that match no fault
     false_families: list[str] = field(default_factory=list)
@@ -57,6 +64,11 @@ class Comparison:
     @property
     def missed(self) -> list[dict]:
         return [{**m, "job_name": r.run} for r in self.runs for m in r.missed]
+
+    @property
+    def ended(self) -> list[dict]:
+        """The found faults that ended in their run, each with how its incident ended."""
+        return [f for f in self.detected if "ended_at" in f]
 
     @property
     def false(self) -> list[dict]:
@@ -159,15 +171,29 @@ def _judge(truth: dict, incidents: list[dict], latest: dict[str, dict]) -> RunOu
         used.update(c[2]["incident_id"] for c in claims if not c[3] and c[1])
         if not as_symptom:
             used.add(incident["incident_id"])
-        outcome.found.append({"family": family, "vertex_name": fault.get("vertex_name"),
-                              "delay_s": (when - fault["onset_ts"]) / 1000.0, "localised": localised,
-                              "incident_id": incident["incident_id"], "as_symptom": as_symptom})
+        found = {"family": family, "vertex_name": fault.get("vertex_name"),
+                 "delay_s": (when - fault["onset_ts"]) / 1000.0, "localised": localised,
+                 "incident_id": incident["incident_id"], "as_symptom": as_symptom}
+        if fault.get("end_ts") is not None and not as_symptom:
+            own = {c[2]["incident_id"] for c in claims if not c[3] and c[1]} | {incident["incident_id"]}
+            found.update(_ending(fault["end_ts"], [latest[i] for i in sorted(own)]))
+        outcome.found.append(found)
     outcome.false = [i for i in incidents if i["incident_id"] not in used]
     if faults:
         claimed = {i["family"] for i in incidents} | {s["family"] for i in incidents
                                                      for s in latest[i["incident_id"]].get("symptoms") or []}
         outcome.false_families = sorted(claimed - set(outcome.expected))
     return outcome
+
+
+def _ending(end_ts: int, last_events: list[dict]) -> dict:
+    """How the fault's own incidents (its family at its place) ended: resolved when the last of
+    them did, or not at all while one is still open."""
+    if any(e["event"] != "resolved" for e in last_events):
+        return {"ended_at": end_ts, "resolved_at": None, "resolution": None, "resolved_after_end_s": None}
+    last = max(last_events, key=lambda e: e["resolved_at"])
+    return {"ended_at": end_ts, "resolved_at": last["resolved_at"], "resolution": last.get("resolution"),
+            "resolved_after_end_s": (last["resolved_at"] - end_ts) / 1000.0}
 
 
 def _same_place(vertex_id: str | None, fault: dict) -> bool:

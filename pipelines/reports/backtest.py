@@ -30,6 +30,8 @@ from pipelines.incidents import lead_time
 from pipelines.incidents.comparison import Comparison, RunOutcome, compare
 from pipelines.incidents.policy import PolicySettings
 
+# A fault that ends: its incident resolves within the policy's clear time and this much more.
+ENDING_GRACE_S = 60.0
 # What a healthy run's plot shows (a faulty run's: its family's decisive plot, where it has one).
 HEALTHY_PLOT = Plot("state_size_bytes", "state (bytes)")
 # The marks of incidents of a family the registry does not know.
@@ -49,6 +51,33 @@ class Evaluation:
     strata: dict[str, str] = field(default_factory=dict)  # run -> its Flink version, job kind and length
     lead: list[lead_time.LeadTime] = field(default_factory=list)  # runs with a checkpoint failure: the champions'
     baseline_lead: list[lead_time.LeadTime] = field(default_factory=list)  # and the static alarms' (no forecast)
+    resolve_after_s: float = 600.0  # the policy's clear time: a fault that ends resolves this long after
+
+    def ending_lines(self) -> list[str]:
+        """Per fault that ends in its run (a leak fixed): when it ended, when its incidents
+        resolved, and whether within the clear time and a minute (the champions, then the static
+        alarms); none when no fault ends."""
+        ended = self.comparison.ended
+        if not ended:
+            return []
+        bound = self.resolve_after_s + ENDING_GRACE_S
+        header = (f"{'run':<58} {'family':<12} {'ended at':>8} {'resolved':>8} {'after end':>9} {'resolution':<14}"
+                  f" {'in time':>7} | {'static: after end':>17}")
+        lines = [header, "-" * len(header)]
+        starts = {t.get("run_id") or t["job_name"]: t.get("start_ts") for t in self.truths}
+        baseline = {(f["job_name"], f["family"]): f for f in self.baseline.ended}
+        for f in ended:
+            start = starts.get(f["job_name"]) or f["ended_at"]
+            after, base = f["resolved_after_end_s"], baseline.get((f["job_name"], f["family"]))
+            lines.append(f"{fit(f['job_name'], 58)} {fit(f['family'], 12)} {_ms(f['ended_at'] - start):>8}"
+                         f" {_ms(None if f['resolved_at'] is None else f['resolved_at'] - start):>8}"
+                         f" {_sec(after if after is not None else float('nan')):>9} {fit(f['resolution'] or 'still open', 14)}"
+                         f" {_yes(None if after is None else after <= bound):>7} |"
+                         f" {_sec(base['resolved_after_end_s'] if base and base['resolved_after_end_s'] is not None else float('nan')):>17}")
+        in_time = sum(f["resolved_after_end_s"] is not None and f["resolved_after_end_s"] <= bound for f in ended)
+        lines.append(f"{in_time} of {len(ended)} resolved within the clear time ({self.resolve_after_s:.0f} s) and"
+                     f" {ENDING_GRACE_S:.0f} s of the fault's end")
+        return lines
 
     def lead_lines(self) -> list[str]:
         """Per run with a checkpoint failure: the first failure, the first warning, the lead time,
@@ -237,7 +266,8 @@ def evaluate_dataset(config: SentinelConfig, dataset: Path, split: str,
                       result.incidents, baseline_incidents, {f: m.version for f, m in models.items()}, truths,
                       {run: s for run, s in strata.items() if run in named},
                       lead_time.lead_times(truths, result.incidents, horizon_ms),
-                      lead_time.lead_times(truths, baseline_incidents, horizon_ms, with_forecasts=False))
+                      lead_time.lead_times(truths, baseline_incidents, horizon_ms, with_forecasts=False),
+                      settings.resolve_after_ms / 1000.0)
 
 
 def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
@@ -256,6 +286,8 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                 "```", *evaluation.run_lines(), "```", "",
                 *(["## Before the first failed checkpoint (lead time: from the first warning to the first failure)",
                    "", "```", *evaluation.lead_lines(), "```", ""] if evaluation.lead else []),
+                *(["## Faults that end (a fixed leak: its incident resolves)", "", "```", *evaluation.ending_lines(),
+                   "```", ""] if evaluation.comparison.ended else []),
                 "## Runs", ""]
     for run in evaluation.comparison.runs:
         path = _plot_run(evaluation, run, directory / "plots")
@@ -269,6 +301,8 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                           for stratum, (runs, m, b) in evaluation.stratum_metrics().items()},
                "lead_times": [_lead(r) for r in evaluation.lead],
                "baseline_lead_times": [_lead(r) for r in evaluation.baseline_lead],
+               "ended": evaluation.comparison.ended, "baseline_ended": evaluation.baseline.ended,
+               "resolve_after_s": evaluation.resolve_after_s,
                "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,
                          "missed": r.missed, "false": [_brief(i) for i in r.false], "false_families": r.false_families}
                         for r in evaluation.comparison.runs]}
