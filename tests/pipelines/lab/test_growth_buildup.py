@@ -93,7 +93,7 @@ def test_a_leak_to_timeout_is_labelled_a_leak_from_the_start_and_a_failure_at_th
 def test_the_new_grids_keep_three_runs_a_scenario_across_the_splits_and_leave_the_corpus_alone():
     manifest = json.loads((PROJECT_ROOT / "data" / "lab" / "manifest.json").read_text())
     recorded = {run_id: run["split"] for run_id, run in manifest["runs"].items()}
-    runs = grids.growth() + grids.buildup() + grids.hour()
+    runs = grids.growth() + grids.buildup() + grids.hour() + grids.fixed()
     assert len({v.run_id for v in runs}) == len(runs)
     older = [v for grid in (grids.corpus, grids.long_runs, grids.sql) for version in grids.LAB_VERSIONS
              for v in grid(version=version)]
@@ -110,6 +110,10 @@ def test_the_new_grids_keep_three_runs_a_scenario_across_the_splits_and_leave_th
         assert sorted({v.split for v in short if v.scenario == scenario}) == ["test", "train", "validation"], scenario
     assert all(v.split == "test" and v.duration_s >= 3600 for v in grids.hour())
     assert {v.family for v in grids.hour()} == {"healthy", "state_leak"}
+    # The fixed leaks' fixes come well after a leak is found (the horizon and a minute, plus the
+    # job's start on a loaded machine), one in each split.
+    assert sorted(v.split for v in grids.fixed()) == ["test", "train", "validation"]
+    assert all(v.faults[0].end_s >= 480 and v.duration_s > v.faults[0].end_s + 600 for v in grids.fixed())
     assert grids.GRIDS["growth+buildup"]()[0].duration_s == max(v.duration_s for v in runs if v in grids.growth()
                                                                  or v in grids.buildup())
 
