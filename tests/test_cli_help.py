@@ -124,3 +124,19 @@ def test_logs_as_json_and_debug_with_vv(tmp_path):
     assert 'level=info logger=pipelines.x msg="said \\"hi\\""' in LogfmtFormatter().format(record)
     setup_logging(0, "text")
     assert not logging.getLogger("pipelines.cli").isEnabledFor(logging.INFO)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["demo"]], ids=["train", "demo"])
+def test_a_command_that_trains_on_a_fresh_registry_finds_its_dataset_options(argv, tmp_path, monkeypatch):
+    """`sentinel demo` (what `make run` runs) trains the initial detectors with the same helper as
+    `sentinel train`, though it has no --dataset of its own: it simulates the default dataset."""
+    from pipelines import simulator
+    from pipelines.cli.model_commands import training_datasets
+    from tests.conftest import config_for
+
+    written = []
+    monkeypatch.setattr(simulator, "write_dataset", lambda folder, *rest: written.append(folder))
+    config = config_for(tmp_path, lab__corpus_dir=str(tmp_path / "no-corpus"))
+    args = build_parser().parse_args([*argv, "--seed", "3"])
+    expected = tmp_path / "datasets" / "simulated-seed3"
+    assert training_datasets(config, args) == [expected] and written == [expected]
