@@ -61,7 +61,11 @@ def test_each_command_has_a_summary_and_an_example_that_parses(command):
     for example in command.examples:
         words = shlex.split(example.split("#")[0].split("|")[0])
         assert words[0] == "sentinel" and words[1] == command.name
-        parser.parse_args(words[1:])  # SystemExit if it does not parse
+        args = parser.parse_args(words[1:])  # SystemExit if it does not parse
+        if command.name == "lab" and args.scenario:  # a name the command knows, not only one that parses
+            from pipelines.lab.scenarios import NAMED
+
+            assert args.scenario in NAMED, example
 
 
 def test_every_time_option_takes_the_one_duration_syntax():
