@@ -85,6 +85,7 @@ KAFKA_COMMANDS = {
     "alert": ["alert", "--alertmanager", "http://127.0.0.1:9"],
     "simulate": ["simulate", "--kafka", "--scenario", "healthy_steady", "--max-speed"],
     "train": ["train", "--feedback", "--dry-run"],
+    "lab": ["lab", "leak", "--duration", "1m"],  # publishes to the input topic unless --no-kafka
 }
 
 
