@@ -68,6 +68,13 @@ def test_each_command_has_a_summary_and_an_example_that_parses(command):
             assert args.scenario in NAMED, example
 
 
+@pytest.mark.parametrize("name", [n for n, _ in ALL if len(n.split()) == 3])
+def test_each_action_shows_an_example_of_itself(name):
+    """`sentinel config show --help` as well as `sentinel config --help`."""
+    help_text = dict(ALL)[name].format_help()
+    assert "example" in help_text.split("options of every command")[-1] and f"\n  {name}" in help_text, help_text
+
+
 def test_every_time_option_takes_the_one_duration_syntax():
     times = [(name, a) for name, a in OPTIONS if a.metavar == "DURATION"]
     assert len(times) >= 10
