@@ -124,6 +124,18 @@ def test_config_show_masks_secrets_and_validate_says_where_values_came_from(tmp_
 def test_logs_as_json_and_debug_with_vv(tmp_path):
     result = run_sentinel("-vv", "--log-format", "json", "config", "validate", env={"SENTINEL_STATE_DIR": str(tmp_path)})
     assert result.returncode == 0
+    # A command that fails logs its traceback at DEBUG: with -vv, as one JSON object above the reason.
+    from infra.embedded_stack import free_port
+
+    failed = run_sentinel("-vv", "--log-format", "json", "incidents", "--timeout", "1s", env={
+        "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "1"})
+    *logged, last = failed.stderr.strip().splitlines()
+    assert failed.returncode == 1 and last.startswith("sentinel incidents: Kafka at ")
+    entries = [json.loads(line) for line in logged]
+    assert [(e["level"], e["logger"], e["message"]) for e in entries] == [
+        ("debug", "pipelines.cli", "sentinel incidents failed")]
+    assert "KafkaUnavailable" in entries[0]["exception"]
     import logging
 
     from pipelines.cli.app import JsonFormatter, LogfmtFormatter, setup_logging
