@@ -85,6 +85,7 @@ KAFKA_COMMANDS = {
     "alert": ["alert", "--alertmanager", "http://127.0.0.1:9"],
     "simulate": ["simulate", "--kafka", "--scenario", "healthy_steady", "--max-speed"],
     "train": ["train", "--feedback", "--dry-run"],
+    "lab": ["lab", "leak", "--duration", "1m"],  # publishes to the input topic unless --no-kafka
 }
 
 
@@ -192,3 +193,47 @@ def test_status_with_every_service_reachable_exits_0(broker_config, tmp_path):
     assert "kafka         reachable" in result.stdout
     # The default MLflow is a store opened in-process: nothing to reach, so no line for it.
     assert "mlflow" not in result.stdout.split("embedded stack")[0]
+
+
+def test_run_stopped_by_lost_input_offsets_ends_with_the_reason_naming_the_key(sentinel, monkeypatch, tmp_path):
+    """`sentinel run` as the user sees it when the query fails on lost offsets (the failure itself,
+    on a real broker and Spark, is tests/pipelines/io/test_data_loss.py): the last line is the reason
+    with this project's key; Spark's plan is not on screen, but in the log at DEBUG (-vv)."""
+    from types import SimpleNamespace
+
+    from pipelines import spark_session
+    from pipelines.cli import production
+    from pipelines.detection import job, spark_state
+
+    plan = "\n".join(["=== Streaming Query ===", "Current State: ACTIVE", "Logical Plan:"]
+                     + [f"+- Project [col{i}#{i}]" for i in range(100)])
+    failure = Exception("[STREAM_FAILED] Query terminated with exception: org.apache.spark.SparkException: "
+                        "Python worker failed\npipelines.io.kafka_source.KafkaDataLossError: flink.metrics-0 holds "
+                        "offsets from 0, the job had read to 50 (set failOnDataLoss=false to skip lost offsets)\n"
+                        + plan)
+    stopped = []
+
+    class Job:
+        metrics_server, sinks = None, SimpleNamespace(incidents_published=0, dead_letters=0)
+
+        def await_termination(self, timeout_s, stop):
+            raise failure
+
+        def stop(self):
+            stopped.append(True)
+
+    monkeypatch.setattr(spark_state, "check_pyspark", lambda: None)
+    monkeypatch.setattr(production, "require_kafka", lambda config: None)
+    monkeypatch.setattr(production, "require_champions", lambda config, held=False: None)
+    monkeypatch.setattr(spark_session, "build_spark", lambda config, name="": None)
+    monkeypatch.setattr(job, "start_detection", lambda spark, config, cache, available_now=False: Job())
+    code, stderr, _ = sentinel("run", state_dir=str(tmp_path))
+    assert code == 1 and stopped == [True]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("sentinel run: the input topic lost offsets the job had not read: flink.metrics-0 ")
+    assert "kafka.fail_on_data_loss: false (SENTINEL_KAFKA__FAIL_ON_DATA_LOSS=false)" in last
+    assert "Logical Plan" not in stderr and "Traceback" not in stderr and "failOnDataLoss" not in stderr
+
+    code, stderr, _ = sentinel("-vv", "run", state_dir=str(tmp_path))
+    assert code == 1 and "Logical Plan:" in stderr  # the whole message, in the log
+    assert stderr.strip().splitlines()[-1] == last

@@ -61,7 +61,18 @@ def test_each_command_has_a_summary_and_an_example_that_parses(command):
     for example in command.examples:
         words = shlex.split(example.split("#")[0].split("|")[0])
         assert words[0] == "sentinel" and words[1] == command.name
-        parser.parse_args(words[1:])  # SystemExit if it does not parse
+        args = parser.parse_args(words[1:])  # SystemExit if it does not parse
+        if command.name == "lab" and args.scenario:  # a name the command knows, not only one that parses
+            from pipelines.lab.scenarios import NAMED
+
+            assert args.scenario in NAMED, example
+
+
+@pytest.mark.parametrize("name", [n for n, _ in ALL if len(n.split()) == 3])
+def test_each_action_shows_an_example_of_itself(name):
+    """`sentinel config show --help` as well as `sentinel config --help`."""
+    help_text = dict(ALL)[name].format_help()
+    assert "example" in help_text.split("options of every command")[-1] and f"\n  {name}" in help_text, help_text
 
 
 def test_every_time_option_takes_the_one_duration_syntax():
@@ -113,6 +124,18 @@ def test_config_show_masks_secrets_and_validate_says_where_values_came_from(tmp_
 def test_logs_as_json_and_debug_with_vv(tmp_path):
     result = run_sentinel("-vv", "--log-format", "json", "config", "validate", env={"SENTINEL_STATE_DIR": str(tmp_path)})
     assert result.returncode == 0
+    # A command that fails logs its traceback at DEBUG: with -vv, as one JSON object above the reason.
+    from infra.embedded_stack import free_port
+
+    failed = run_sentinel("-vv", "--log-format", "json", "incidents", "--timeout", "1s", env={
+        "SENTINEL_STATE_DIR": str(tmp_path), "SENTINEL_KAFKA__BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+        "SENTINEL_KAFKA__CONNECT_TIMEOUT_S": "1"})
+    *logged, last = failed.stderr.strip().splitlines()
+    assert failed.returncode == 1 and last.startswith("sentinel incidents: Kafka at ")
+    entries = [json.loads(line) for line in logged]
+    assert [(e["level"], e["logger"], e["message"]) for e in entries] == [
+        ("debug", "pipelines.cli", "sentinel incidents failed")]
+    assert "KafkaUnavailable" in entries[0]["exception"]
     import logging
 
     from pipelines.cli.app import JsonFormatter, LogfmtFormatter, setup_logging
@@ -124,3 +147,19 @@ def test_logs_as_json_and_debug_with_vv(tmp_path):
     assert 'level=info logger=pipelines.x msg="said \\"hi\\""' in LogfmtFormatter().format(record)
     setup_logging(0, "text")
     assert not logging.getLogger("pipelines.cli").isEnabledFor(logging.INFO)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["demo"]], ids=["train", "demo"])
+def test_a_command_that_trains_on_a_fresh_registry_finds_its_dataset_options(argv, tmp_path, monkeypatch):
+    """`sentinel demo` (what `make run` runs) trains the initial detectors with the same helper as
+    `sentinel train`, though it has no --dataset of its own: it simulates the default dataset."""
+    from pipelines import simulator
+    from pipelines.cli.model_commands import training_datasets
+    from tests.conftest import config_for
+
+    written = []
+    monkeypatch.setattr(simulator, "write_dataset", lambda folder, *rest: written.append(folder))
+    config = config_for(tmp_path, lab__corpus_dir=str(tmp_path / "no-corpus"))
+    args = build_parser().parse_args([*argv, "--seed", "3"])
+    expected = tmp_path / "datasets" / "simulated-seed3"
+    assert training_datasets(config, args) == [expected] and written == [expected]

@@ -285,7 +285,7 @@ COMMANDS = [
              "sentinel simulate --out-dataset data/sim --jobs-per-scenario 5 --seed 1"),
             _cmd_simulate, _simulate_arguments),
     Command("lab", "development and lab", "run real Flink jobs that fail in known ways; record them",
-            ("sentinel lab --list", "sentinel lab leak_start --duration 4m",
+            ("sentinel lab --list", "sentinel lab leak --duration 4m",
              "sentinel lab --grid corpus --only 'leak_*'"), _cmd_lab, _lab_arguments),
     Command("features", "development and lab", "the feature definitions and the offline store",
             ("sentinel features list", "sentinel features backfill --dataset data/lab"), None, _features_arguments),

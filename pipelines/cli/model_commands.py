@@ -26,7 +26,8 @@ def training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list:
         simulator.write_dataset(folder, list(simulator.CATALOGUE), args.jobs_per_scenario, args.seed,
                                 int(args.duration * 1000))
 
-    if args.dataset:
+    # `sentinel demo` trains with this too, and has no --dataset: it always simulates the default.
+    if getattr(args, "dataset", None):
         return [Path(d) for d in args.dataset]
     datasets = default_datasets(config, args.seed, simulate)
     print("training on " + " and the real-Flink corpus ".join(map(str, datasets)) +

@@ -113,9 +113,21 @@ def build_parser(commands: list[Command] | None = None) -> argparse.ArgumentPars
                                      epilog="example" + ("s" if len(command.examples) > 1 else "") + ":\n" +
                                             "\n".join(f"  {line}" for line in command.examples))
         command.arguments(sub)
+        _action_examples(sub, command)
         if command.handler is not None:
             sub.set_defaults(handler=command.handler)
     return parser
+
+
+def _action_examples(parser: argparse.ArgumentParser, command: Command) -> None:
+    """Each action's --help (``sentinel config show --help``) ends with the command's examples of it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                mine = [e for e in command.examples if e.split()[:3] == ["sentinel", command.name, name]]
+                if mine:
+                    sub.epilog = ("examples" if len(mine) > 1 else "example") + ":\n" + \
+                                 "\n".join(f"  {line}" for line in mine)
 
 
 def _version() -> str:

@@ -186,8 +186,9 @@ class DemoSummary:
                 "  EARLY     the fault's incident opened more than a minute before the onset the simulator labelled,",
                 "            on the same job, vertex and family: caught early, counted neither missed nor false",
                 "  MISSED    no incident of the fault's family on its job",
-                f"  FALSE     an incident where no fault was injected (of {self.healthy_jobs} healthy jobs, and on "
-                "faulty jobs an incident of another family or place)"]
+                f"  FALSE     an incident no injected fault explains: on one of the {self.healthy_jobs} healthy jobs; on a",
+                "            faulty job, one of another family or place, or of the fault's own family and place that",
+                "            opened more than a minute before its onset while a later incident caught the fault"]
         return out
 
 

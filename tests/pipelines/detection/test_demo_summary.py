@@ -41,3 +41,17 @@ def test_an_incident_before_the_labelled_onset_is_early_not_missed_and_false():
     assert any(line.startswith("  EARLY    state_leak") and "300s before the labelled onset" in line for line in lines)
     assert not any("MISSED" in line and "rocksdb-joins-011" in line for line in lines)
     assert "what the lines mean:" in lines and any(line.startswith("  EARLY     ") for line in lines)
+
+
+def test_an_incident_that_came_and_went_before_a_detected_fault_is_false_and_the_legend_says_so():
+    """A fresh make run's rocksdb-joins-011: a leak incident opened 26 min before the onset and
+    cleared before it, another 134 s after it. The fault is detected; the first is a false alarm."""
+    leak = {"family": "state_leak", "onset_ts": ONSET, "vertex_id": "v2", "vertex_name": "name-v2"}
+    truths = [_truth("rocksdb-joins-011", [leak])]
+    incidents = [_opened("rocksdb-joins-011", "state_leak", ONSET - 1_576_000, "v2", 1),
+                 _opened("rocksdb-joins-011", "state_leak", ONSET + 134_000, "v2", 2)]
+    summary = DemoSummary.of(compare(truths, incidents), truths)
+    assert len(summary.detected) == 1 and not summary.early and not summary.missed
+    assert [f["incident_id"] for f in summary.false] == ["i1"]
+    legend = " ".join(line.strip() for line in summary.lines()[summary.lines().index("what the lines mean:"):])
+    assert "of the fault's own family and place that opened more than a minute before its onset" in legend
