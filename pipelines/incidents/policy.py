@@ -432,10 +432,9 @@ def _eta_moved(open_: OpenIncident, forecast: dict | None, ts: int, settings: Po
         return (old is None) != (new is None)
     if ts - open_.eta_at < settings.min_update_interval_ms:
         return False
-    # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed,
-    # to 0 at its limit and no lower (a limit reached stays reached).
-    expected = max(old - (ts - open_.eta_at), 0)
-    return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * expected)
+    # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed.
+    expected = old - (ts - open_.eta_at)
+    return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * max(expected, 0))
 
 
 def _terminal(jobs: PolicyStates, rows: pd.DataFrame) -> list[dict]:
