@@ -131,18 +131,11 @@ FEATURES: tuple[Feature, ...] = (
     Feature("checkpoint_timeout_ms", "context", "job", "ms", "latest", "configured checkpoint timeout"),
     Feature("checkpoint_timeout_eta_s", "checkpoint_failure", "job", "s", _FORECAST,
             "seconds until completed checkpoints' end-to-end duration reaches the checkpoint timeout on its "
-            "least-squares trend: the line since its last change of pace, or the parabola over the window where "
-            "the duration accelerates (0: at it; null: no rising trend or no timeout known)"),
+            "least-squares trend (0: at it; null: no rising trend or no timeout known)"),
     Feature("checkpoint_timeout_eta_low_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the earliest of that forecast's 95 % band (the line's steepest slope, or where the parabola's "
-            "confidence band first meets the timeout)"),
+            "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
     Feature("checkpoint_timeout_eta_high_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the latest of that band (the line's flattest slope, or where the parabola's band's lower edge meets "
-            "the timeout; null where the trend may not rise at all, or not within four windows)"),
-    Feature("checkpoint_timeout_accelerating", "checkpoint_failure", "job", "flag", _FORECAST,
-            "1 where that forecast is the parabola (the duration bends upward with 95 % confidence), 0 the line"),
-    Feature("checkpoint_timeout_line_eta_high_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the latest of the line's band either way (a predicted failure needs it: a burst accelerates too)"),
+            "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
     Feature("checkpoint_duration_fitted_over_s", "checkpoint_failure", "job", "s", _FORECAST,
             "the span of checkpoints that forecast is fitted over"),
     Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",

@@ -153,9 +153,7 @@ class FeatureRows:
                         "checkpoint_timeout_eta_s": eta and eta["eta_s"],
                         "checkpoint_timeout_eta_low_s": eta and eta["eta_low_s"],
                         "checkpoint_timeout_eta_high_s": eta and eta["eta_high_s"],
-                        "checkpoint_duration_fitted_over_s": eta and eta["fitted_over_s"],
-                        "checkpoint_timeout_accelerating": eta and float(eta["accelerating"]),
-                        "checkpoint_timeout_line_eta_high_s": eta and eta["line_eta_high_s"]})
+                        "checkpoint_duration_fitted_over_s": eta and eta["fitted_over_s"]})
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""

@@ -38,8 +38,6 @@ TRAJECTORY_MIN_POINTS = 12
 REFIT_POINTS = 4  # the history's curve is fitted again after this many new points
 FORECAST_WINDOW_MS = 300_000  # a metric's trend toward its limit: the last five minutes
 FORECAST_MIN_POINTS = 10  # and at least this many points of it
-ACCELERATING_REACH = 4.0  # an accelerating trend's band is sought this many windows ahead, no further
-ACCELERATING_GRID = 400  # points over that reach where the band's edges are looked for
 TRAJECTORY_MIN_SPAN_MS = 120_000
 # Saturating curves tried, as fractions of the history's span: up to one and a half spans, a fill
 # seen for a fraction of its time constant already bends measurably; beyond, it is a line.
@@ -308,86 +306,27 @@ def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, minimum: fl
 
 
 def limit_eta(points: Sequence[Sequence[float]], limit: float | None) -> dict | None:
-    """When a metric's trend reaches ``limit`` from the last of ``points`` (``[(ts_ms, value),
-    ...]``): ``{"eta_s", "eta_low_s", "eta_high_s", "fitted_over_s", "accelerating",
-    "line_eta_high_s"}``; 0 once the fitted value is at the limit; None without a limit, enough
-    points or a rising trend.
-
-    The trend is the line since the metric's last change of pace (:func:`recent_trend`), its band
-    from the slope's 95 % bounds (the steepest slope gives the earliest time, the flattest the
-    latest, None where it may not rise at all), unless the metric **accelerates**
-    (:func:`accelerating_trend`: a checkpoint's duration behind a backlog that deepens): then the
-    parabola over the window, whose band is where its 95 % confidence band meets the limit. A line
-    through an accelerating metric says the limit comes several times later than it does.
-    ``line_eta_high_s`` is the line's latest either way (a burst accelerates too, for a while)."""
+    """When a metric's trend since its last change of pace (:func:`recent_trend` over ``[(ts_ms,
+    value), ...]``) reaches ``limit``: ``{"eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"}``
+    from the last point, the band from the slope's 95 % bounds (the steepest slope gives the
+    earliest time, the flattest the latest, None where it may not rise at all); 0 once the fitted
+    value is at the limit; None without a limit, enough points or a rising trend."""
     pts = [p for p in points if p[1] is not None]
     if not limit or len(pts) < FORECAST_MIN_POINTS:
         return None
-    span = (pts[-1][0] - pts[0][0]) / 1000.0
-    line = _line_eta(pts, limit)
-    curve = accelerating_trend(pts, limit)
-    if curve is not None:
-        return {**curve, "fitted_over_s": span, "accelerating": True,
-                "line_eta_high_s": line["eta_high_s"] if line else None}
-    if line is None:
-        return None
-    return {**line, "fitted_over_s": span, "accelerating": False, "line_eta_high_s": line["eta_high_s"]}
-
-
-def _line_eta(pts: Sequence[Sequence[float]], limit: float) -> dict | None:
     trend = recent_trend(pts)
     if trend is None:
         return None
     slope, half, now, _ = trend
+    span = (pts[-1][0] - pts[0][0]) / 1000.0
     if now >= limit:
-        return {"eta_s": 0.0, "eta_low_s": 0.0, "eta_high_s": 0.0}
+        return {"eta_s": 0.0, "eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": span}
     if slope <= 0:
         return None
     gap = limit - now
     steepest, flattest = slope + half, slope - half
-    return {"eta_s": gap / slope, "eta_low_s": gap / steepest, "eta_high_s": gap / flattest if flattest > 0 else None}
-
-
-def accelerating_trend(points: Sequence[Sequence[float]], limit: float) -> dict | None:
-    """``{"eta_s", "eta_low_s", "eta_high_s"}`` from the parabola ``a + b t + c t^2`` over
-    ``points`` where it bends upward with 95 % confidence (``c`` > 0, its error widened for
-    autocorrelated residuals) and rises now; None otherwise. The ETA is where the parabola meets
-    ``limit``; the band where the upper and the lower edge of its pointwise 95 % confidence band
-    do (None: the lower edge does not within :data:`ACCELERATING_REACH` spans of the window)."""
-    t = (np.array([p[0] for p in points], dtype="float64") - points[-1][0]) / 1000.0  # 0 at the last point
-    y = np.array([p[1] for p in points], dtype="float64")
-    n, span = len(t), float(t[-1] - t[0])
-    if n < FORECAST_MIN_POINTS or span <= 0:
-        return None
-    x = np.stack([np.ones(n), t, t * t], axis=1)
-    try:
-        inverse = np.linalg.inv(x.T @ x)
-    except np.linalg.LinAlgError:
-        return None
-    beta = inverse @ (x.T @ y)
-    r = y - x @ beta
-    rss = max(float(r @ r), n * (BEND_NOISE_FLOOR * float(abs(y).mean())) ** 2)
-    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss))
-    cov = inverse * rss / (n - 3) * (1 + rho) / (1 - rho)
-    q = t95(n - 3)
-    a, b, c = (float(v) for v in beta)
-    if c <= q * math.sqrt(max(cov[2, 2], 0.0)) or b < 0:
-        return None  # no upward bend the data insist on, or falling now (a parabola's far side)
-    if a >= limit:
-        return {"eta_s": 0.0, "eta_low_s": 0.0, "eta_high_s": 0.0}
-    eta = (-b + math.sqrt(b * b + 4 * c * (limit - a))) / (2 * c)
-    ahead = np.linspace(0.0, ACCELERATING_REACH * span, ACCELERATING_GRID)
-    grid = np.stack([np.ones_like(ahead), ahead, ahead * ahead], axis=1)
-    fitted = grid @ beta
-    spread = q * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", grid, cov, grid), 0.0))
-
-    def first_at(values: np.ndarray) -> float | None:
-        reached = np.flatnonzero(values >= limit)
-        return float(ahead[reached[0]]) if len(reached) else None
-
-    low, high = first_at(fitted + spread), first_at(fitted - spread)
-    return {"eta_s": eta, "eta_low_s": min(eta, low if low is not None else eta),
-            "eta_high_s": None if high is None else max(eta, high)}
+    return {"eta_s": gap / slope, "eta_low_s": gap / steepest,
+            "eta_high_s": gap / flattest if flattest > 0 else None, "fitted_over_s": span}
 
 
 def thin_append(buffer: list, entry: list, spacing_ms: float) -> bool:

@@ -215,8 +215,7 @@ def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float) -> dict |
     return {"metric": TIMEOUT_METRIC, "limit": int(timeout), "limit_source": "job",
             "eta_ms": int(eta * 1000), "eta_low_ms": int((low if low is not None else eta) * 1000),
             "eta_high_ms": None if high is None else int(high * 1000),
-            "fitted_over_ms": None if over is None else int(over * 1000),
-            "method": "accelerating_trend" if num(row, "checkpoint_timeout_accelerating") else "linear_trend"}
+            "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
 
 
 def timeout_warning(forecasts: list[dict]) -> str:

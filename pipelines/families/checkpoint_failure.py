@@ -24,13 +24,11 @@ PREDICT_SUSTAIN_MS = 30_000
 
 class CheckpointFailure(Family):
     predict_sustain_ms = PREDICT_SUSTAIN_MS
-    prediction_columns = ("checkpoint_timeout_line_eta_high_s", "checkpoint_duration_over_timeout",
+    prediction_columns = ("checkpoint_timeout_eta_high_s", "checkpoint_duration_over_timeout",
                           "checkpoint_failed_fraction")
 
     def predicted_rows(self, frame: pd.DataFrame, warning_horizon_s: np.ndarray) -> np.ndarray:
-        # The line's band, not the parabola's: a healthy job's burst accelerates its checkpoints
-        # for a minute too, and with no cause in sight only a sustained pace predicts a failure.
-        high = column(frame, "checkpoint_timeout_line_eta_high_s")
+        high = column(frame, "checkpoint_timeout_eta_high_s")
         over = column(frame, "checkpoint_duration_over_timeout")
         failed = column(frame, "checkpoint_failed_fraction")
         with np.errstate(invalid="ignore"):

@@ -7,9 +7,8 @@ import random
 
 import pytest
 
-from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS,
-                                      TRAJECTORY_POINTS, fills_toward_plateau, growth_bounds, halve, limit_eta,
-                                      recent_growth_low, recent_trend, t95, trajectory_fit, window)
+from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, TRAJECTORY_POINTS, fills_toward_plateau,
+                                      growth_bounds, halve, recent_growth_low, t95, trajectory_fit, window)
 
 MB = 1024 * 1024
 
@@ -88,42 +87,3 @@ def test_linear_growth_and_a_leak_beside_a_fill_are_not_fills():
 def test_a_history_too_short_says_nothing_of_its_shape():
     assert trajectory_fit(series(lambda t, r: 1e6 + t, 60, 3.0)) is None
     assert not fills_toward_plateau(None, (1.0, 0.5, 1.5))
-
-
-# --- when a metric reaches its limit (limit_eta) -----------------------------------------------------
-
-TIMEOUT_MS = 10_000.0
-
-
-def _forecast_window(points):
-    return window(points, FORECAST_WINDOW_MS, FORECAST_MIN_POINTS)
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_an_accelerating_duration_is_forecast_on_its_parabola_and_its_band_holds_the_crossing(seed):
-    # A backlog that deepens: the duration grows with the square of time, 3 % noise, every 10 s.
-    def duration(t, rng):
-        return (200 + 0.02 * t * t) * (1 + rng.gauss(0, 0.03))
-
-    points = _forecast_window(series(duration, 420, 10.0, seed))
-    crossing = math.sqrt((TIMEOUT_MS - 200) / 0.02) - 420  # seconds from the last point
-    forecast = limit_eta(points, TIMEOUT_MS)
-    assert forecast["accelerating"] is True
-    assert forecast["eta_s"] == pytest.approx(crossing, rel=0.3)
-    assert forecast["eta_low_s"] <= crossing <= forecast["eta_high_s"]
-    # The line since the last change of pace would say the timeout comes later than the band.
-    slope, _, now, _ = recent_trend(points)
-    assert (TIMEOUT_MS - now) / slope > forecast["eta_high_s"]
-
-
-@pytest.mark.parametrize("metric", ["linear", "levelling", "flat"])
-def test_a_duration_that_does_not_accelerate_keeps_the_line(metric):
-    shapes = {"linear": lambda t, rng: 200 + 10 * t + rng.gauss(0, 50),
-              "levelling": lambda t, rng: 9000 - 8000 * math.exp(-t / 120) + rng.gauss(0, 50),
-              "flat": lambda t, rng: 6000 + rng.gauss(0, 400)}
-    forecast = limit_eta(_forecast_window(series(shapes[metric], 420, 10.0)), TIMEOUT_MS)
-    if metric == "linear":
-        assert forecast["accelerating"] is False
-        assert forecast["eta_s"] == pytest.approx((TIMEOUT_MS - 4400) / 10, rel=0.1)
-    else:
-        assert forecast is None or forecast["accelerating"] is False

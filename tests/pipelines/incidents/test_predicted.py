@@ -33,8 +33,8 @@ def _build_up(n: int, failing_from: int | None = None, receding_from: int | None
     return rows_and_scores(points, family="checkpoint_failure", vertex=None, checkpoint_timeout_ms=3000.0,
                            checkpoint_duration_over_timeout=over, checkpoint_timeout_eta_s=eta,
                            checkpoint_timeout_eta_low_s=[None if e is None else e * 0.75 for e in eta],
-                           checkpoint_timeout_eta_high_s=high, checkpoint_timeout_line_eta_high_s=high,
-                           checkpoint_duration_fitted_over_s=300.0, checkpoint_failed_fraction=failed)
+                           checkpoint_timeout_eta_high_s=high, checkpoint_duration_fitted_over_s=300.0,
+                           checkpoint_failed_fraction=failed)
 
 
 def _brief(events):
