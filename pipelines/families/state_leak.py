@@ -40,18 +40,17 @@ def _pick(c: Mapping[str, np.ndarray], names: tuple[str, str]) -> np.ndarray:
 
 def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float) -> np.ndarray:
     """Where the state still grows: over the growth window (two minutes of checkpoints, at least
-    ten) and since its last change of pace, each by at least ``min_growth_per_h`` of itself per
-    hour with 95 % confidence, and to a new high (above every state before the last
-    checkpoints). Noise on a flat state leaves the first bound below the minimum; TTL-bounded
-    state that wanders with its input rate climbs for a minute or two but within the range it
-    held before; a state that stopped fails the second within a few checkpoints, and the third
-    once it has held its level for the short window (a state flat at its maximum is no new
-    high). Unknown (too few checkpoints): not growing."""
+    ten) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, since its last
+    change of pace by more than nothing with 95 % confidence, and to a new high (above every
+    state before the last checkpoints). Noise on a flat state leaves the first bound below the
+    minimum; TTL-bounded state that wanders with its input rate climbs for a minute or two but
+    within the range it held before; a state that stopped fails the second within a few
+    checkpoints. Unknown (too few checkpoints): not growing."""
     low = np.nan_to_num(_pick(c, GROWTH_LOW), nan=-np.inf)
     recent = np.nan_to_num(_pick(c, RECENT_GROWTH_LOW), nan=-np.inf)
     # Null before anything left the short window: nothing to be above yet.
-    new_high = np.nan_to_num(_pick(c, OVER_PRIOR_MAX), nan=np.inf) > 1.0
-    return (low >= min_growth_per_h) & (recent >= min_growth_per_h) & new_high
+    new_high = np.nan_to_num(_pick(c, OVER_PRIOR_MAX), nan=np.inf) >= 1.0
+    return (low >= min_growth_per_h) & (recent > 0.0) & new_high
 
 
 def fills_below_limit(c: Mapping[str, np.ndarray]) -> np.ndarray:
