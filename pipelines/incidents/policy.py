@@ -433,8 +433,9 @@ def _eta_moved(open_: dict, forecast: dict | None, ts: int, settings: PolicySett
     if old is None or ts - open_["eta_at"] < settings.min_update_interval_ms:
         return False
     # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed.
-    expected = old - (ts - open_["eta_at"])
-    return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * max(expected, 0))
+    # A limit reached stays reached: what the old forecast says now is never below 0.
+    expected = max(old - (ts - open_["eta_at"]), 0)
+    return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * expected)
 
 
 def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
