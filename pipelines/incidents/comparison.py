@@ -168,15 +168,15 @@ def _judge(truth: dict, incidents: list[dict], latest: dict[str, dict]) -> RunOu
         # The right place first, then the earliest. Every incident of the fault's own family at
         # its place belongs to it (an incident that resolved and opened again is no false one).
         when, localised, incident, as_symptom = min(claims, key=lambda c: (not c[1], c[0]))
-        used.update(c[2]["incident_id"] for c in claims if not c[3] and c[1])
+        own = {c[2]["incident_id"] for c in claims if not c[3] and c[1]}
+        used.update(own)
         if not as_symptom:
             used.add(incident["incident_id"])
         found = {"family": family, "vertex_name": fault.get("vertex_name"),
                  "delay_s": (when - fault["onset_ts"]) / 1000.0, "localised": localised,
                  "incident_id": incident["incident_id"], "as_symptom": as_symptom}
         if fault.get("end_ts") is not None and not as_symptom:
-            own = {c[2]["incident_id"] for c in claims if not c[3] and c[1]} | {incident["incident_id"]}
-            found.update(_ending(fault["end_ts"], [latest[i] for i in sorted(own)]))
+            found.update(_ending(fault["end_ts"], [latest[i] for i in sorted(own | {incident["incident_id"]})]))
         outcome.found.append(found)
     outcome.false = [i for i in incidents if i["incident_id"] not in used]
     if faults:
