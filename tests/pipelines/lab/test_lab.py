@@ -156,10 +156,14 @@ def test_a_real_flink_leak_job_reaches_the_input_topic_with_growing_state(config
     statuses = [e for e in mine if e["kind"] == "job_status"]
     # Stopped with a savepoint (its tasks finish; no cancel races a Python worker), the last event a savepoint.
     assert statuses[-1]["state"] == "FINISHED"
-    # The JobManager storage's limit, on every poll of the running job (one that was still starting
-    # at its first poll may not have answered its checkpoint config yet).
+    # The JobManager storage's limit: once a poll of the running job has it, every later one does
+    # (it is never lost), and the job's last running poll has it. The first polls may lack it: Flink
+    # answers them from a cached execution graph that can still be the starting job's sparse one,
+    # without the storage, for longer than its refresh interval on a loaded machine.
     running = [e for e in statuses if e["state"] == "RUNNING"]
-    assert running and all(e["max_state_size_bytes"] == 5 * 1024 * 1024 for e in running), [
+    limits = [e["max_state_size_bytes"] for e in running]
+    first_known = next((i for i, limit in enumerate(limits) if limit is not None), len(limits))
+    assert running and limits[first_known:] and all(limit == 5 * 1024 * 1024 for limit in limits[first_known:]), [
         (e["ts"], e["max_state_size_bytes"], e["checkpoint_interval_ms"], e["checkpoints_completed_total"])
         for e in statuses]
     assert any(e.get("is_savepoint") for e in completed)
