@@ -32,6 +32,7 @@ from pipelines.contracts import TERMINAL_JOB_STATES
 from pipelines.detection import job_state
 from pipelines.detection.validation import DEFAULT_VALUE_BYTES, check_event, dead_letter
 from pipelines.incidents import policy
+from pipelines.incidents.policy_state import job_key  # how the policy's state and the incidents' grouping name a job
 from pipelines.incidents.scoring import score_rows
 
 log = logging.getLogger(__name__)
@@ -82,11 +83,6 @@ class Reading:
     dead_letters: list[dict] = field(default_factory=list)
     late: dict[str, int] = field(default_factory=dict)
     samples: list[bytes] = field(default_factory=list)
-
-
-def job_key(cluster: str, job_id: str) -> str:
-    """How the policy's state and the incidents' grouping name a job."""
-    return f"{cluster}/{job_id}"
 
 
 class FlinkJobState:

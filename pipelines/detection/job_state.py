@@ -13,7 +13,8 @@ A stored state is JSON. Its versions:
 stored state lacks takes the field's default (a field added since, with a default that suits a
 state written before it); a field the class does not know is an error, as is a version newer
 than :data:`STATE_VERSION`, never a silent start afresh. ``policy`` is the job's entry of the
-incident policy's state (:mod:`pipelines.incidents.policy`).
+incident policy's state in its stored form (:mod:`pipelines.incidents.policy_state`, which alone
+reads and writes it; unchanged by these versions).
 
 A change that a default cannot carry (a field renamed, a value read differently) is a new version
 and a migration from the one before: :data:`MIGRATIONS`.

@@ -41,13 +41,15 @@ job's warm-up horizon and state limit, and mutes families; it overrides what a p
 
 The incident id hashes the entity and the event time it opened, so re-running a micro-batch from
 the same state re-sends the same ids, and a replay of the same events gives the same incidents as
-the live job. The whole state is a JSON-able dict, one entry per job; :func:`step` returns the
-events and mutates it. Jobs never see each other's entries, so the live job can step each
-partition's jobs on its own and keep each job's entry with the job's other state.
+the live job. The callers hold the state, one stored (JSON) entry per job; :func:`step` returns
+the events and moves on the entries of the batch's jobs. Jobs never see each other's entries, so
+the live job can step each partition's jobs on its own and keep each job's entry with the job's
+other state.
 
 Its parts: :mod:`pipelines.incidents.settings` (the settings and what the operator knows per job),
 :mod:`pipelines.incidents.batch` (a batch's rows in walking order), :mod:`pipelines.incidents.events`
-(the events themselves); this module decides.
+(the events themselves), :mod:`pipelines.incidents.policy_state` (a job's state, typed, and its
+stored form); this module decides.
 
 Most rows change nothing: an entity that is not open and whose post-rule holds nowhere in the
 batch only extends its score history, which is done for all of them at once; only the rows of
@@ -69,9 +71,11 @@ from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 from pipelines.incidents.batch import BatchNames, RowRecords, scored_rows
 from pipelines.incidents.events import (FORECAST_RECEDED, SEVERITY_RANK, UNCONFIRMED, cause_sentence, clean_value,
-                                        incident_event, incident_id, incident_labels, incident_time, prediction_fields,
-                                        public_symptoms, rank, recent_failure, summary_base, summary_with_symptoms,
-                                        suspicion, unconfirmed, with_symptoms)
+                                        incident_event, incident_id, incident_labels, incident_time, opened_incident,
+                                        prediction_fields, public_symptoms, rank, recent_failure, summary_base,
+                                        summary_with_symptoms, suspicion, unconfirmed, with_symptoms)
+from pipelines.incidents.policy_state import (EntityState, JobPolicyState, OpenIncident, PolicyStates, Symptom,
+                                              job_key)
 from pipelines.incidents.settings import JobOverride, JobSettings, PolicySettings
 
 # What the rest of the product imports from here, wherever it is defined.
@@ -89,99 +93,106 @@ def step(state: dict, rows: pd.DataFrame, scores: pd.DataFrame, rules: Mapping[s
     ``rows`` are feature rows (late markers excluded), ``scores`` come from
     :func:`pipelines.incidents.scoring.score_rows` over them; ``rules`` hold each family's post-rule.
     Jobs are independent: a batch of many jobs gives each job the events a batch of its rows alone
-    would, so the live job may step any subset of jobs at once.
+    would, so the live job may step any subset of jobs at once. ``state`` holds each job's entry
+    in its stored form (:mod:`pipelines.incidents.policy_state`) by :func:`job_key`; the entries of
+    the batch's jobs move on.
     """
+    jobs = PolicyStates(state)
     if scores.empty:
-        return _terminal(state, rows)
-    scored, names = scored_rows(rows, scores, rules)
-    _forget_returning_jobs(state, scored, names, settings.forget_after_ms)
-    decided, held, predicted = _decisions(state, scored, names, rules, settings)
-    active = _active(state, scored, names, decided | held | predicted)
-    events = _transitions(state, rows, scored[active].reset_index(drop=True), names, decided[active], rules, settings,
-                          held[active], predicted[active])
-    _remember(state, scored[~active], names, rules)
-    return events + _terminal(state, rows)
+        events = _terminal(jobs, rows)
+    else:
+        scored, names = scored_rows(rows, scores, rules)
+        _forget_returning_jobs(jobs, scored, names, settings.forget_after_ms)
+        decided, held, predicted = _decisions(jobs, scored, names, rules, settings)
+        active = _active(jobs, scored, names, decided | held | predicted)
+        events = _transitions(jobs, rows, scored[active].reset_index(drop=True), names, decided[active], rules,
+                              settings, held[active], predicted[active])
+        _remember(jobs, scored[~active], names, rules)
+        events += _terminal(jobs, rows)
+    jobs.store()
+    return events
 
 
-def _forget_returning_jobs(state: dict, scored: pd.DataFrame, names: BatchNames, forget_after_ms: int) -> None:
+def _forget_returning_jobs(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, forget_after_ms: int) -> None:
     """A job back after ``forget_after_ms`` of silence with nothing open starts afresh, as its
     feature state does after the idle timeout: its old scores say nothing about its new run.
     Judged on the job's own event time only, so it does not matter which other jobs share the
     batch (the live job steps whatever jobs a micro-batch partition holds)."""
-    jobs = names.jobs
     for code, ts in scored.groupby("_job", sort=False)["ts"].min().items():
-        job = state.get(jobs[code])
-        if job is not None and ts - job.get("_last_ts", ts) > forget_after_ms and not any_open(job):
-            del state[jobs[code]]
+        job = jobs.get(names.jobs[code])
+        if job is not None and ts - (ts if job.last_ts is None else job.last_ts) > forget_after_ms \
+                and not job.any_open():
+            jobs.forget(names.jobs[code])
 
 
 def any_open(job: dict) -> bool:
-    """Whether a job's policy entry has an incident open, or a suspicion held (see :func:`suspicion`)."""
-    return any(isinstance(e, dict) and (e.get("open") or e.get("held")) for e in job.values())
+    """Whether a job's stored policy entry has an incident open, or a suspicion held (see
+    :func:`suspicion`)."""
+    return JobPolicyState.from_stored(job).any_open()
 
 
-def _active(state: dict, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray) -> np.ndarray:
+def _active(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray) -> np.ndarray:
     """Rows of the entities this batch can change: open before it, or decided at some row of it.
     The others only extend their score history, which needs no walk in event-time order."""
     changing = np.zeros(len(names.entities), dtype=bool)
     entity = scored["_entity"].to_numpy()
     changing[entity[decided]] = True
-    jobs, entities = names.jobs, names.entities
     first = np.unique(entity, return_index=True)[1]
     for code, job_code in zip(entity[first].tolist(), scored["_job"].to_numpy()[first].tolist()):
         if not changing[code]:
-            entity_state = state.get(jobs[job_code], {}).get(entities[code], {})
-            changing[code] = bool(entity_state.get("open") or entity_state.get("held")
-                                  or "predicting_since" in entity_state)
+            known = jobs.known_entity(names.jobs[job_code], names.entities[code])
+            changing[code] = known is not None and (known.open is not None or known.held is not None
+                                                    or known.predicting_since is not None)
     return changing[entity]
 
 
-def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray,
+def _transitions(jobs: PolicyStates, rows: pd.DataFrame, scored: pd.DataFrame, names: BatchNames, decided: np.ndarray,
                  rules: Mapping[str, PostRule], settings: PolicySettings, held: np.ndarray | None = None,
                  predicted: np.ndarray | None = None) -> list[dict]:
     """The rows of changing entities, one at a time in event-time order (causes before symptoms)."""
-    jobs, entities = names.jobs, names.entities
     columns = {name: scored[name].tolist() for name in scored.columns}
     full_record = RowRecords(rows, columns["_row"])
     events: list[dict] = []
     for i in range(len(scored)):
         family, ts = columns["family"][i], int(columns["ts"][i])
-        job = state.setdefault(jobs[columns["_job"][i]], {})
-        job["_last_ts"] = max(job.get("_last_ts", 0), ts)
-        entity = job.setdefault(entities[columns["_entity"][i]], {"scores": [], "recent": [], "open": None})
-        entity["scores"] = (entity["scores"] + [float(columns["score"][i])])[-rules[family].n:]
+        job = jobs.job(names.jobs[columns["_job"][i]])
+        job.last_ts = max(job.last_ts or 0, ts)
+        entity = job.entity(names.entities[columns["_entity"][i]])
+        entity.scores = (entity.scores + [float(columns["score"][i])])[-rules[family].n:]
         recent = columns.get(RECENT_COLUMNS.get(family))
         if recent is not None and clean_value(recent[i]) is not None:
-            entity["recent"] = (entity["recent"] + [recent[i]])[-RECENT_VALUES:]
+            entity.recent = (entity.recent + [recent[i]])[-RECENT_VALUES:]
         job_settings = settings.for_job(columns["job_name"][i])
         holds = bool(decided[i]) and family not in job_settings.mute and columns["job_state"][i] not in TERMINAL_STATES
-        if not holds and entity["open"] is not None and family not in job_settings.mute \
+        if not holds and entity.open is not None and family not in job_settings.mute \
                 and columns["job_state"][i] not in TERMINAL_STATES \
                 and rules[family].sustains({name: columns[name][i] for name in GROWTH_COLUMNS if name in columns}):
             holds = True  # e.g. a leak whose score dipped while its state still grows
         suspected = (held is not None and bool(held[i]) and family not in job_settings.mute
                      and columns["job_state"][i] not in TERMINAL_STATES)
         if not suspected and columns["job_state"][i] not in TERMINAL_STATES:
-            entity.pop("held", None)  # the guard lifted, or the score no longer says so: judged as usual
+            entity.held = None  # the guard lifted, or the score no longer says so: judged as usual
         predicting = (predicted is not None and bool(predicted[i]) and family not in job_settings.mute
                       and columns["job_state"][i] not in TERMINAL_STATES)
         if not predicting:
-            entity.pop("predicting_since", None)
-        elif not holds and _predicted_only(entity["open"]):
+            entity.predicting_since = None
+        elif not holds and _predicted_only(entity.open):
             holds = True  # a predicted incident holds while its forecast does
-        if not holds and entity["open"] is None and (not suspected or "held" in entity) and not predicting:
+        if not holds and entity.open is None and (not suspected or entity.held is not None) and not predicting:
             continue  # nothing can change: the full record is not needed
         record = {**full_record(columns["_row"][i]), "row": columns["_row"][i], "family": family,
                   "score": columns["score"][i], "model_name": columns["model_name"][i],
                   "model_version": columns["model_version"][i], "model_alias": columns["model_alias"][i]}
         record["forecasts"] = ev.forecasts(family, record, job_settings)
         forecast = record["forecasts"][0] if record["forecasts"] else None  # the soonest
-        if suspected and not holds and entity["open"] is None:
+        if suspected and not holds and entity.open is None:
             if _open_cause(job, family, record.get("vertex_id")) is None:  # an open cause explains it otherwise
-                entity["held"] = suspicion(entity, record, forecast, job_settings)
+                entity.held = suspicion(entity.recent, record, forecast, job_settings)
             continue
-        if predicting and not holds and entity["open"] is None:
-            since = entity.setdefault("predicting_since", ts)
+        if predicting and not holds and entity.open is None:
+            if entity.predicting_since is None:
+                entity.predicting_since = ts
+            since = entity.predicting_since
             # An open cause's incident carries the forecast already (its summary says it).
             if ts - since < BY_NAME[family].predict_sustain_ms or _open_cause(job, family, record.get("vertex_id")):
                 continue
@@ -194,20 +205,19 @@ def _transitions(state: dict, rows: pd.DataFrame, scored: pd.DataFrame, names: B
                     events.extend(_add_symptom(cause, family, record, ts, settings))
         changes = _transition(entity, holds, record, forecast, settings)
         events.extend(changes)
-        if any(e["event"] == "opened" for e in changes):
-            events.extend(_supersede(job, family, entity, record, settings))
+        if entity.open is not None and any(e["event"] == "opened" for e in changes):
+            events.extend(_supersede(job, family, entity.open, record, settings))
     return events
 
 
-def _remember(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule]) -> None:
+def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule]) -> None:
     """Extend the score and evidence history of entities nothing happened to (their last ``n``
     scores, their last recent values), and each job's latest event time."""
     if scored.empty:
         return
-    jobs, entities = names.jobs, names.entities
     for code, ts in scored.groupby("_job", sort=False)["ts"].max().items():
-        job = state.setdefault(jobs[code], {})
-        job["_last_ts"] = max(job.get("_last_ts", 0), int(ts))
+        job = jobs.job(names.jobs[code])
+        job.last_ts = max(job.last_ts or 0, int(ts))
     entity = scored["_entity"].to_numpy()
     order = np.argsort(entity, kind="stable")  # each entity's rows together, in event-time order
     bounds = np.flatnonzero(np.r_[True, entity[order][1:] != entity[order][:-1], True]).tolist()
@@ -217,19 +227,18 @@ def _remember(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mappi
                      if column in scored}
     for start, end in zip(bounds[:-1], bounds[1:]):
         family = families[start]
-        record = state[jobs[job_codes[start]]].setdefault(entities[entity[order[start]]],
-                                                           {"scores": [], "recent": [], "open": None})
+        known = jobs.job(names.jobs[job_codes[start]]).entity(names.entities[entity[order[start]]])
         n = rules[family].n
-        record["scores"] = (record["scores"] + scores[max(start, end - n):end])[-n:]
+        known.scores = (known.scores + scores[max(start, end - n):end])[-n:]
         column = recent_values.get(RECENT_COLUMNS.get(family))
         if column is not None:
             values = column[start:end]
             fresh = values[~np.isnan(values)].tolist()
             if fresh:
-                record["recent"] = (record["recent"] + fresh)[-RECENT_VALUES:]
+                known.recent = (known.recent + fresh)[-RECENT_VALUES:]
 
 
-def _decisions(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule],
+def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule],
                settings: PolicySettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's post-rule decision, whether a guard holds it back (see
     :meth:`PostRule.decide_and_hold_rows`), and whether its family's forecast predicts a failure
@@ -239,7 +248,6 @@ def _decisions(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapp
     decided = np.zeros(len(scored), dtype=bool)
     held = np.zeros(len(scored), dtype=bool)
     predicted = np.zeros(len(scored), dtype=bool)
-    jobs, entities = names.jobs, names.entities
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
         rule = rules[family]
@@ -247,7 +255,8 @@ def _decisions(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapp
         past_group, past_scores = [], []
         first = np.unique(entity, return_index=True)[1]
         for code, job_code in zip(entity[first].tolist(), part["_job"].to_numpy()[first].tolist()):
-            kept = state.get(jobs[job_code], {}).get(entities[code], {}).get("scores", [])[-rule.n:]
+            known = jobs.known_entity(names.jobs[job_code], names.entities[code])
+            kept = [] if known is None else known.scores[-rule.n:]
             past_group += [code] * len(kept)
             past_scores += kept
         # Looked up once per job name, not per row: training replays whole runs as one batch.
@@ -269,200 +278,192 @@ def _decisions(state: dict, scored: pd.DataFrame, names: BatchNames, rules: Mapp
     return decided, held, predicted
 
 
-def _entities(job: dict):
-    """(family, vertex id, entity) of every entity of a job."""
-    for key, entity in sorted(job.items()):
-        if isinstance(entity, dict) and "scores" in entity:
-            family, _, vertex = key.partition("/")
-            yield family, vertex or None, entity
-
-
-def _open_cause(job: dict, family: str, vertex_id: str | None) -> dict | None:
+def _open_cause(job: JobPolicyState, family: str, vertex_id: str | None) -> OpenIncident | None:
     """The open incident ``family`` on this vertex joins, if any: a cause that explains it (the
     first in ``EXPLAINED_BY`` order; some pairs only on the same vertex), else, for a family a job
     has one incident of, that family's incident on another vertex."""
     for cause in EXPLAINED_BY.get(family, ()):
-        for cause_family, cause_vertex, entity in _entities(job):
-            if cause_family == cause and entity["open"] and (
+        for cause_family, cause_vertex, entity in job.in_order():
+            if cause_family == cause and entity.open is not None and (
                     (family, cause) not in SAME_VERTEX or cause_vertex == vertex_id):
-                return entity
+                return entity.open
     if family in ONE_PER_JOB:
-        for other_family, other_vertex, entity in _entities(job):
-            if other_family == family and other_vertex != vertex_id and entity["open"]:
-                return entity
+        for other_family, other_vertex, entity in job.in_order():
+            if other_family == family and other_vertex != vertex_id and entity.open is not None:
+                return entity.open
     return None
 
 
-def _supersede(job: dict, cause: str, cause_entity: dict, record: dict, settings: PolicySettings) -> list[dict]:
+def _supersede(job: JobPolicyState, cause: str, cause_incident: OpenIncident, record: dict,
+               settings: PolicySettings) -> list[dict]:
     """A cause opening resolves the symptom incidents it explains that opened before it, and
     takes them in as its symptoms."""
     events = []
-    cause_id = cause_entity["open"]["id"]
-    for family, vertex, entity in _entities(job):
-        if not entity["open"] or cause not in EXPLAINED_BY.get(family, ()):
+    for family, vertex, entity in job.in_order():
+        if entity.open is None or cause not in EXPLAINED_BY.get(family, ()):
             continue
         if (family, cause) in SAME_VERTEX and vertex != record.get("vertex_id"):
             continue
-        opened_at, last = entity["open"]["opened_at"], entity["open"].get("last_event") or {}
+        opened_at, last = entity.open.opened_at, entity.open.last_event or {}
         event = _resolve_now(entity, family, record)
         event["summary"] = f"[resolved] {family.replace('_', ' ')} in {event['job_name']}: explained by the " \
-                           f"{cause.replace('_', ' ')} incident {cause_id}"
-        event["evidence"]["explained_by"] = cause_id
+                           f"{cause.replace('_', ' ')} incident {cause_incident.id}"
+        event["evidence"]["explained_by"] = cause_incident.id
         events.append(event)
         if BY_NAME[family].supervised:
             symptom_row = {**record, **(last.get("evidence") or {}).get("features", {}), "family": family}
-            events.extend(_add_symptom(cause_entity, family, symptom_row, opened_at, settings,
+            events.extend(_add_symptom(cause_incident, family, symptom_row, opened_at, settings,
                                        severity=last.get("severity")))
     return events
 
 
-def _add_symptom(cause: dict, family: str, record: dict, first_at: int, settings: PolicySettings,
+def _add_symptom(open_: OpenIncident, family: str, record: dict, first_at: int, settings: PolicySettings,
                  severity: str | None = None) -> list[dict]:
     """Name ``family`` a symptom of the cause's open incident; an ``updated`` event when it is new
     or raises the incident's severity."""
-    open_ = cause["open"]
     ts = incident_time(open_, int(record["ts"]))
     severity = severity or ev.severity(family, record, None, settings.critical_eta_s)
-    symptoms = open_.setdefault("symptoms", [])
-    known = next((s for s in symptoms if s["family"] == family), None)
+    known = next((s for s in open_.symptoms if s.family == family), None)
     if known is None:
         evidence = ev.evidence(family, record, recent_failure(family, record))
         if family in LOCALISED:  # where it shows, which need not be the cause's vertex
             evidence.update(vertex_id=record.get("vertex_id"), vertex_name=record.get("vertex_name"))
-        symptoms.append({"family": family, "first_at": first_at, "evidence": evidence,
-                         "severity": severity, "last_at": ts})
+        symptom = Symptom(family, first_at, evidence, severity, ts)
+        open_.symptoms.append(symptom)
     else:
-        known.update(last_at=ts, severity=max(known["severity"], severity, key=SEVERITY_RANK.get))
-    raised = rank(with_symptoms(open_, open_["severity"], ts, settings)) > rank(open_["severity"])
+        symptom = known
+        known.last_at, known.severity = ts, max(known.severity, severity, key=SEVERITY_RANK.get)
+    raised = rank(with_symptoms(open_, open_.severity, ts, settings)) > rank(open_.severity)
     if known is not None and not raised:
         return []
-    last = dict(open_["last_event"])
-    new_severity = with_symptoms(open_, open_["severity"], ts, settings)
-    open_["severity"] = new_severity
+    last = dict(open_.last_event or {})
+    new_severity = with_symptoms(open_, open_.severity, ts, settings)
+    open_.severity = new_severity
     if family == last["family"]:  # the same family elsewhere in the job: where else it shows
         detail = f"{record.get('vertex_name') or record.get('vertex_id')} slowed too"
     else:
         detail = ev.summary(family, record, None, new_severity).split("] ", 1)[-1].split(";")[0]
-    next(s for s in symptoms if s["family"] == family)["detail"] = detail  # the latest word on it
+    symptom.detail = detail  # the latest word on it
     event = {**last, "event": "updated", "severity": new_severity, "updated_at": ts, "resolved_at": None,
-             "summary": summary_with_symptoms(open_, new_severity,
-                                              open_.get("summary_base") or summary_base(last["summary"])),
+             "summary": summary_with_symptoms(open_, new_severity, open_.summary_base or summary_base(last["summary"])),
              "symptoms": public_symptoms(open_),
              "labels": {**last["labels"], "severity": new_severity, "event": "updated"}, **prediction_fields(open_)}
-    open_["last_event"] = event
+    open_.last_event = event
     return [event]
 
 
-def _resolve_now(entity: dict, family: str, record: dict) -> dict:
-    row = {**{k: clean_value(v) for k, v in record.items()}, "family": family, "score": entity["scores"][-1],
-           "vertex_id": entity["open"].get("vertex_id"), "model_name": None, "model_version": None, "model_alias": None}
-    event = incident_event("resolved", entity, row, None, entity["open"]["severity"])
-    entity["open"] = None
+def _resolve_now(entity: EntityState, family: str, record: dict) -> dict:
+    open_ = entity.open
+    assert open_ is not None
+    row = {**{k: clean_value(v) for k, v in record.items()}, "family": family, "score": entity.scores[-1],
+           "vertex_id": open_.vertex_id, "model_name": None, "model_version": None, "model_alias": None}
+    event = incident_event("resolved", open_, entity.recent, row, None, open_.severity)
+    entity.open = None
     return event
 
 
-def _predicted_only(open_: dict | None) -> bool:
+def _predicted_only(open_: OpenIncident | None) -> bool:
     """Whether an open incident opened on a forecast and no checkpoint has failed since."""
-    return bool(open_ and open_.get("predicted") and open_.get("first_failure_at") is None)
+    return open_ is not None and open_.predicted and open_.first_failure_at is None
 
 
-def _transition(entity: dict, holds: bool, record: dict, forecast: dict | None, settings: PolicySettings) -> list[dict]:
-    family, ts, open_ = record["family"], int(record["ts"]), entity["open"]
+def _transition(entity: EntityState, holds: bool, record: dict, forecast: dict | None,
+                settings: PolicySettings) -> list[dict]:
+    family, ts, open_ = record["family"], int(record["ts"]), entity.open
     terminal = record.get("job_state") in TERMINAL_STATES
     # The first failed checkpoint while an incident is open: when, and how long after its warning.
-    failed_now = open_ is not None and open_.get("first_failure_at") is None and checkpoint_failed(record)
-    if failed_now:
-        open_.update(first_failure_at=incident_time(open_, ts), failure_told=False)
+    if open_ is not None and open_.first_failure_at is None and checkpoint_failed(record):
+        open_.first_failure_at, open_.failure_told = incident_time(open_, ts), False
     if holds:
         severity = ev.severity(family, record, forecast, settings.critical_eta_s)
         if open_ is None:
-            entity["open"] = {"id": incident_id(record["cluster"], record["job_id"], family, record["vertex_id"], ts),
-                              "opened_at": ts, "severity": severity, "eta_ms": forecast and forecast["eta_ms"],
-                              "eta_at": ts, "clear_since": None}
+            open_ = entity.open = opened_incident(record, severity, forecast["eta_ms"] if forecast else None)
             if record.get("predicted"):
-                entity["open"].update(predicted=True, warned_at=ts)
-            return [incident_event("opened", entity, record, forecast, severity)]
-        open_["clear_since"] = None
+                open_.predicted, open_.warned_at = True, ts
+            return [incident_event("opened", open_, entity.recent, record, forecast, severity)]
+        open_.clear_since = None
         severity = with_symptoms(open_, _settled_severity(open_, severity, ts, settings), ts, settings)
         # A predicted failure that came is news to on-call whatever else changed.
-        if (severity != open_["severity"] or _eta_moved(open_, forecast, ts, settings)
-                or (open_.get("predicted") and open_.get("failure_told") is False)):
-            open_.update(severity=severity, eta_ms=forecast and forecast["eta_ms"], eta_at=ts)
-            return [incident_event("updated", entity, record, forecast, severity)]
+        failure_untold = open_.first_failure_at is not None and not open_.failure_told
+        if (severity != open_.severity or _eta_moved(open_, forecast, ts, settings)
+                or (open_.predicted and failure_untold)):
+            open_.severity, open_.eta_ms, open_.eta_at = severity, forecast["eta_ms"] if forecast else None, ts
+            return [incident_event("updated", open_, entity.recent, record, forecast, severity)]
         # What a symptom's update says of the cause follows its latest row, not the last published one.
-        open_["summary_base"] = summary_base(cause_sentence(family, record, forecast, open_["severity"]))
+        open_.summary_base = summary_base(cause_sentence(family, record, forecast, open_.severity))
         return []
     if open_ is None:
         return []
-    open_["clear_since"] = open_["clear_since"] if open_["clear_since"] is not None else ts
-    if terminal or ts - open_["clear_since"] >= settings.resolve_after_ms:
+    if open_.clear_since is None:
+        open_.clear_since = ts
+    if terminal or ts - open_.clear_since >= settings.resolve_after_ms:
         receded = _predicted_only(open_)
-        event = incident_event("resolved", entity, record, None, open_["severity"])
+        event = incident_event("resolved", open_, entity.recent, record, None, open_.severity)
         resolution = None if terminal else FORECAST_RECEDED if receded else BY_NAME[family].cleared_resolution(record)
         if resolution:
             event["resolution"] = resolution  # e.g. a leak whose state levelled off
-        entity["open"] = None
+        entity.open = None
         return [event]
     return []
 
 
-def _settled_severity(open_: dict, severity: str, ts: int, settings: PolicySettings) -> str:
+def _settled_severity(open_: OpenIncident, severity: str, ts: int, settings: PolicySettings) -> str:
     """Escalate at once; step down only after the lower severity held for ``resolve_after``
     (a failure rate hovering at a boundary must not page, un-page and page again)."""
-    if SEVERITY_RANK[severity] >= SEVERITY_RANK[open_["severity"]]:
-        open_["lower_since"] = None
+    if SEVERITY_RANK[severity] >= SEVERITY_RANK[open_.severity]:
+        open_.lower_since = None
         return severity
-    lower_since = open_.get("lower_since")
-    if lower_since is None:
-        open_["lower_since"] = ts
-        return open_["severity"]
-    if ts - lower_since >= settings.resolve_after_ms:
-        open_["lower_since"] = None
+    if open_.lower_since is None:
+        open_.lower_since = ts
+        return open_.severity
+    if ts - open_.lower_since >= settings.resolve_after_ms:
+        open_.lower_since = None
         return severity
-    return open_["severity"]
+    return open_.severity
 
 
-def _eta_moved(open_: dict, forecast: dict | None, ts: int, settings: PolicySettings) -> bool:
+def _eta_moved(open_: OpenIncident, forecast: dict | None, ts: int, settings: PolicySettings) -> bool:
     """Whether a forecast moved enough to publish: by more than ``eta_change_ratio`` of what the
     last published one says now *and* by ``eta_change_min_s``, at most once every
     ``min_update_interval_s`` (a forecast appearing or vanishing at once). Severity changes are
     published whatever this says."""
-    old, new = open_.get("eta_ms"), forecast and forecast["eta_ms"]
-    if (old is None) != (new is None):
-        return True
-    if old is None or ts - open_["eta_at"] < settings.min_update_interval_ms:
+    old, new = open_.eta_ms, forecast["eta_ms"] if forecast else None
+    if old is None or new is None:
+        return (old is None) != (new is None)
+    if ts - open_.eta_at < settings.min_update_interval_ms:
         return False
-    # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed.
-    # A limit reached stays reached: what the old forecast says now is never below 0.
-    expected = max(old - (ts - open_["eta_at"]), 0)
+    # Compare with what the old forecast says now: a steady leak's ETA shrinks by the time passed,
+    # to 0 at its limit and no lower (a limit reached stays reached).
+    expected = max(old - (ts - open_.eta_at), 0)
     return abs(new - expected) > max(settings.eta_change_min_ms, settings.eta_change_ratio * expected)
 
 
-def _terminal(state: dict, rows: pd.DataFrame) -> list[dict]:
+def _terminal(jobs: PolicyStates, rows: pd.DataFrame) -> list[dict]:
     """Jobs whose rows report a terminal state resolve everything still open (e.g. with no scores)."""
     if rows.empty or "job_state" not in rows:
         return []
     events = []
     ended = rows[rows["job_state"].isin(TERMINAL_STATES)].sort_values("ts", kind="stable")
     for record in ended.to_dict("records"):
-        job = state.get(f"{record['cluster']}/{record['job_id']}", {})
+        job = jobs.get(job_key(record["cluster"], record["job_id"]))
+        if job is None:
+            continue
         events.extend(_suspicions(job, int(record["ts"]), "the job ended"))
-        for family, _, entity in _entities(job):
-            if entity["open"]:
+        for family, _, entity in job.in_order():
+            if entity.open is not None:
                 events.append(_resolve_now(entity, family, record))
     return events
 
 
-def _suspicions(job: dict, at_ms: int, why: str) -> list[dict]:
+def _suspicions(job: JobPolicyState, at_ms: int, why: str) -> list[dict]:
     """The suspicions a job still holds as it ends or goes away (see :func:`unconfirmed`), but
     those an open cause explains (a symptom of it, as it would have been once confirmed)."""
     events = []
-    for family, vertex_id, entity in _entities(job):
-        if entity.get("held"):
-            if _open_cause(job, family, vertex_id or None) is None:
-                events.extend(unconfirmed(entity, at_ms, why))
-            else:
-                del entity["held"]
+    for family, vertex_id, entity in job.in_order():
+        if entity.held is not None:
+            if _open_cause(job, family, vertex_id) is None:
+                events.extend(unconfirmed(entity.held, at_ms, why))
+            entity.held = None
     return events
 
 
@@ -472,18 +473,22 @@ JOB_GONE = "job_gone"
 def resolve_gone(job: dict, at_ms: int, silent_ms: int) -> list[dict]:
     """Resolve every incident still open on a job silent for ``silent_ms`` (the idle timeout), at
     ``at_ms``: a job cancelled without a last status, or whose cluster went away, must not keep its
-    alert firing forever. Each event repeats the incident's last one, marked ``resolution: job_gone``."""
-    events = _suspicions(job, at_ms, f"nothing was heard of the job for {silent_ms // 60_000} min")
-    for family, _, entity in _entities(job):
-        open_ = entity["open"]
-        if not open_:
+    alert firing forever. Each event repeats the incident's last one, marked ``resolution: job_gone``.
+    ``job`` is the job's stored policy entry, moved on (nothing left open)."""
+    state = JobPolicyState.from_stored(job)
+    events = _suspicions(state, at_ms, f"nothing was heard of the job for {silent_ms // 60_000} min")
+    for family, _, entity in state.in_order():
+        open_ = entity.open
+        if open_ is None or open_.last_event is None:
             continue
-        last = open_["last_event"]
+        last = open_.last_event
         ts = max(at_ms, last["updated_at"])
         where = f" / {last['vertex_name']}" if last.get("vertex_name") else ""
         events.append({**last, "event": "resolved", "updated_at": ts, "resolved_at": ts, "forecast": None, "forecasts": [],
                        "summary": f"[resolved] {family.replace('_', ' ')} in {last['job_name']}{where}: the job is "
                                   f"gone (nothing heard of it for {silent_ms // 60_000} min)",
                        "labels": {**last["labels"], "event": "resolved"}, "resolution": JOB_GONE})
-        entity["open"] = None
+        entity.open = None
+    job.clear()
+    job.update(state.to_stored())
     return events
