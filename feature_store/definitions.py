@@ -108,8 +108,17 @@ FEATURES: tuple[Feature, ...] = (
             "state growth rate over the sources' output rate"),
     Feature("limit_ratio", "state_leak", "job", "ratio", "latest",
             "largest subtask state over max_state_size_bytes (null: no known limit)"),
+    Feature("state_limit_bytes", "state_leak", "job", "bytes", "latest",
+            "the job's own state limit, max_state_size_bytes (null: none known)"),
     Feature("limit_eta_s", "state_leak", "job", "s", _SHORT,
             "time until the largest subtask state reaches the limit at its current slope (null: not growing or no limit)"),
+    Feature("limit_eta_low_s", "state_leak", "job", "s", _SHORT,
+            "the earliest of that forecast's 95 % band (the line's steepest slope, errors widened for "
+            "autocorrelated residuals)"),
+    Feature("limit_eta_high_s", "state_leak", "job", "s", _SHORT,
+            "the latest of that band (the flattest slope; null where the line may not rise at all)"),
+    Feature("limit_fitted_over_s", "state_leak", "job", "s", _SHORT,
+            "the span of checkpoints that forecast is fitted over"),
     # --- checkpoint health -----------------------------------------------------------------------
     Feature("checkpoint_failed_fraction", "checkpoint_failure", "job", "ratio", "last 12 checkpoints", "share of FAILED checkpoints"),
     Feature("checkpoint_consecutive_failures", "checkpoint_failure", "job", "checkpoints", "latest", "FAILED checkpoints in a row"),

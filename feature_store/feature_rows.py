@@ -124,7 +124,9 @@ class FeatureRows:
         largest = [[e[0], e[4]] for e in self.completed]
         current = largest[-1][1] if largest else None
         f["limit_ratio"] = current / limit if limit and current is not None else None
+        f["state_limit_bytes"] = limit
         f["limit_eta_s"] = None
+        band = None
         if limit and current is not None:
             points = [p for p in largest if p[1] is not None]
             sub_fit = linear_fit([p[0] / 1000.0 for p in points], [p[1] for p in points])
@@ -132,6 +134,11 @@ class FeatureRows:
                 f["limit_eta_s"] = 0.0
             elif sub_fit and sub_fit[0] > 0:
                 f["limit_eta_s"] = (limit - current) / sub_fit[0]
+            if f["limit_eta_s"] is not None:
+                band = growth.line_eta_band(points, limit)
+        f["limit_eta_low_s"] = band and band["eta_low_s"]
+        f["limit_eta_high_s"] = band and band["eta_high_s"]
+        f["limit_fitted_over_s"] = band and band["fitted_over_s"]
         f["limit_known"] = 1.0 if limit else 0.0
         cps = self.checkpoints
         f["checkpoint_failed_fraction"] = sum(c[1] for c in cps) / len(cps) if cps else None

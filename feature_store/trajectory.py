@@ -109,6 +109,21 @@ def growth_bounds(points: Sequence[Sequence[float]]) -> tuple[float, float, floa
     return slope / my, (slope - half) / my, (slope + half) / my
 
 
+def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
+    """``(slope, half_width, value_at_0, n)`` of the least-squares line through ``(t, y)`` (``t``
+    in seconds, 0 at the last point), the 95 % half-width of its slope widened for
+    autocorrelated residuals."""
+    n = len(t)
+    tc = t - t.mean()
+    sxx = float(tc @ tc)
+    slope = float(tc @ (y - y.mean())) / sxx
+    r = y - y.mean() - slope * tc
+    rss = float(r @ r)
+    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss)) if rss > 0 else 0.0
+    half = t95(n - 2) * math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
+    return slope, half, float(y.mean() - slope * t.mean()), n
+
+
 def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float, int] | None:
     """The trend *since the last change of pace* of ``points`` (``[(ts_ms, value), ...]``):
     ``(slope, half_width, value_now, n)``, per second, with the 95 % half-width of the slope
@@ -128,20 +143,10 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
     if float(t[-1] - t[0]) <= 0:
         return None
 
-    def line() -> tuple[float, float, float, int]:
-        tc = t - t.mean()
-        sxx = float(tc @ tc)
-        slope = float(tc @ (y - y.mean())) / sxx
-        r = y - y.mean() - slope * tc
-        rss = float(r @ r)
-        rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss)) if rss > 0 else 0.0
-        half = t95(n - 2) * math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
-        return slope, half, float(y.mean() - slope * t.mean()), n
-
     last = t[-1] - RECENT_MIN_SPAN_MS / 1000.0
     breaks = [b for b in range(1, n - RECENT_MIN_POINTS + 1) if t[b] <= last]
     if n < 6 or not breaks:
-        return line()
+        return _line(t, y)
     tc = t - t.mean()
     line_rss = float(((y - y.mean() - (tc @ (y - y.mean())) / (tc @ tc) * tc) ** 2).sum())
     # Every candidate bend at once: y = a + s t + d max(t - t_b, 0), one 3 x 3 system per bend.
@@ -156,14 +161,14 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
         beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
-        return line()
+        return _line(t, y)
     residuals = y[None, :] - beta[:, :1] - beta[:, 1:2] * t[None, :] - beta[:, 2:3] * after
     rss_all = (residuals * residuals).sum(axis=1)
     i = int(np.argmin(rss_all))
     rss, b, r = float(rss_all[i]), breaks[i], residuals[i]
     floor = n * (BEND_NOISE_FLOOR * mean) ** 2
     if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
-        return line()  # no bend the data insist on: the whole window's line
+        return _line(t, y)  # no bend the data insist on: the whole window's line
     # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
     cov = inverse[i] * max(rss, floor) / (n - 3)
     tail = r[b:]
@@ -327,6 +332,31 @@ def limit_eta(points: Sequence[Sequence[float]], limit: float | None) -> dict | 
     steepest, flattest = slope + half, slope - half
     return {"eta_s": gap / slope, "eta_low_s": gap / steepest,
             "eta_high_s": gap / flattest if flattest > 0 else None, "fitted_over_s": span}
+
+
+def line_eta_band(points: Sequence[Sequence[float]], limit: float | None) -> dict | None:
+    """The 95 % band of a straight line's ETA: when the last value of ``points`` (``[(ts_ms,
+    value), ...]``) reaches ``limit`` on the least-squares line through all of them at its
+    steepest and at its flattest slope (the line's own ETA is ``(limit - last) / slope``):
+    ``{"eta_low_s", "eta_high_s", "fitted_over_s"}``, the latest None where the line may not rise
+    at all, both 0 once the last value is at the limit; None without a limit, three points, a
+    spread in time or a rising line."""
+    pts = [(p[0], p[1]) for p in points if p[1] is not None]
+    if not limit or len(pts) < 3:
+        return None
+    t = (np.array([p[0] for p in pts], dtype="float64") - pts[-1][0]) / 1000.0
+    span = float(-t[0])
+    if span <= 0:
+        return None
+    gap = limit - float(pts[-1][1])
+    if gap <= 0:
+        return {"eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": span}
+    slope, half, _, _ = _line(t, np.array([p[1] for p in pts], dtype="float64"))
+    if slope <= 0:
+        return None
+    steepest, flattest = slope + half, slope - half
+    return {"eta_low_s": gap / steepest, "eta_high_s": gap / flattest if flattest > 0 else None,
+            "fitted_over_s": span}
 
 
 def thin_append(buffer: list, entry: list, spacing_ms: float) -> bool:

@@ -239,22 +239,29 @@ def eta_text(forecast: Mapping[str, Any]) -> str:
     later: from 3 min)" where the band is open above, "now" once the limit is reached."""
     if forecast["eta_ms"] <= 0:
         return "now"
+    return f"~{human_duration(forecast['eta_ms'] / 1000)}{band_text(forecast)}"
+
+
+def band_text(forecast: Mapping[str, Any]) -> str:
+    """A forecast's 95 % band as its ETA is followed by: " (3 min-6 min)", " (or later: from
+    3 min)" where it is open above, empty without one."""
     low, high = forecast.get("eta_low_ms"), forecast.get("eta_high_ms")
-    band = ("" if low is None else f" ({human_duration(low / 1000)}-{human_duration(high / 1000)})" if high is not None
-            else f" (or later: from {human_duration(low / 1000)})")
-    return f"~{human_duration(forecast['eta_ms'] / 1000)}{band}"
+    if low is None:
+        return ""
+    if high is None:
+        return f" (or later: from {human_duration(low / 1000)})"
+    return f" ({human_duration(low / 1000)}-{human_duration(high / 1000)})"
 
 
 def limit_text(forecast: Mapping[str, Any]) -> str:
     """What a forecast runs into, in words: "the 3s checkpoint timeout", "the 5.0 MB state limit
-    (config)"."""
+    (config)", "the 5.0 MB state limit (job, at 80% now)"."""
     limit, source = forecast.get("limit"), forecast.get("limit_source") or "?"
     if forecast["metric"] == TIMEOUT_METRIC and limit:
         return f"the {human_duration(limit / 1000)} checkpoint timeout"
-    if limit:
-        return f"the {mb(limit)} state limit ({source})"
     ratio = forecast.get("limit_ratio")
-    return f"the state limit ({source}" + (f", at {ratio:.0%} now)" if ratio is not None else ")")
+    now = f", at {ratio:.0%} now)" if ratio is not None else ")"
+    return (f"the {mb(limit)} state limit ({source}" if limit else f"the state limit ({source}") + now
 
 
 def checkpoint_failed(row: Mapping[str, Any]) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family, Plot, col, column, fired, human_duration, mb, num, vertex_else_job
+from pipelines.families.base import Family, Plot, band_text, col, column, fired, human_duration, mb, num, vertex_else_job
 
 NAME = "state_leak"
 
@@ -78,7 +78,8 @@ class StateLeak(Family):
     def summary(self, where: str, row: Mapping[str, Any], forecast: dict | None, severity: str) -> str:
         slope = num(row, "vertex_state_rel_slope_per_h") or num(row, "state_rel_slope_per_h") or 0.0
         size = num(row, "vertex_state_size_bytes") or num(row, "state_size_bytes")
-        eta = f", limit in {human_duration(forecast['eta_ms'] / 1000)}" if forecast else ", no known limit"
+        eta = (f", limit in {human_duration(forecast['eta_ms'] / 1000)}{band_text(forecast)}" if forecast
+               else ", no known limit")
         plateau, plateau_eta = num(row, PLATEAU[0]) or num(row, PLATEAU[1]), num(row, PLATEAU_ETA[0]) or num(row, PLATEAU_ETA[1])
         shape = (f"decelerating, levelling off at {mb(plateau)} in ~{human_duration(plateau_eta)}"
                  if plateau and plateau_eta is not None else "without levelling off")
@@ -99,9 +100,14 @@ class StateLeak(Family):
         """
         eta_s, limit_ratio = num(row, "limit_eta_s"), num(row, "vertex_limit_ratio") or num(row, "limit_ratio")
         if eta_s is not None and limit_ratio:
-            # The ratio is the largest subtask's state over the limit.
-            return {"metric": "largest_subtask_state_bytes", "limit_source": "job",
-                    "limit_ratio": round(limit_ratio, 4), "eta_ms": int(eta_s * 1000)}
+            # The ratio is the largest subtask's state over the limit; the band is its line's.
+            low, high, over = num(row, "limit_eta_low_s"), num(row, "limit_eta_high_s"), num(row, "limit_fitted_over_s")
+            limit = num(row, "state_limit_bytes")
+            return {"metric": "largest_subtask_state_bytes", "limit": None if limit is None else int(limit),
+                    "limit_source": "job", "limit_ratio": round(limit_ratio, 4), "eta_ms": int(eta_s * 1000),
+                    "eta_low_ms": int(min(low if low is not None else eta_s, eta_s) * 1000),
+                    "eta_high_ms": None if high is None else int(max(high, eta_s) * 1000),
+                    "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
         if configured_limit:
             eta = float(configured_limit_eta_s(pd.DataFrame([row]), np.array([configured_limit], dtype="float64"))[0])
             if not math.isnan(eta):

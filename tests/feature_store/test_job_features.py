@@ -95,6 +95,11 @@ def test_leak_features_of_a_linear_series():
     assert job["job_age_checkpoints"] == 3
     assert job["limit_ratio"] == pytest.approx(225 / 450)
     assert job["limit_eta_s"] == pytest.approx((450 - 225) / (75 / 600))  # largest subtask grows 75 per 600 s
+    # A straight line has no residuals: its band is the ETA itself, fitted over the three checkpoints.
+    assert job["limit_eta_low_s"] == pytest.approx(job["limit_eta_s"])
+    assert job["limit_eta_high_s"] == pytest.approx(job["limit_eta_s"])
+    assert job["limit_fitted_over_s"] == 2 * step / 1000
+    assert job["state_limit_bytes"] == 450
     assert job["limit_known"] == 1.0
     assert job["state_deceleration"] is None  # too few points to split in halves
     vertex = rows_at(events, vertex=V1)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, TRAJECTORY_POINTS, fills_toward_plateau,
-                                      growth_bounds, halve, recent_growth_low, t95, trajectory_fit, window)
+                                      growth_bounds, halve, line_eta_band, recent_growth_low, t95, trajectory_fit, window)
 
 MB = 1024 * 1024
 
@@ -87,3 +87,30 @@ def test_linear_growth_and_a_leak_beside_a_fill_are_not_fills():
 def test_a_history_too_short_says_nothing_of_its_shape():
     assert trajectory_fit(series(lambda t, r: 1e6 + t, 60, 3.0)) is None
     assert not fills_toward_plateau(None, (1.0, 0.5, 1.5))
+
+
+def test_a_line_s_eta_band_holds_the_true_time_to_the_limit_and_narrows_with_less_noise():
+    # The largest subtask's state over 12 checkpoints, +1 KB/s, at 60 % of a 2 MB limit at the end.
+    limit, rate = 2_000_000, 1_000.0
+
+    def band(noise: float, seed: int) -> tuple[float, dict]:
+        points = series(lambda t, r: 1_200_000 - rate * 33 + rate * t + noise * r.gauss(0, 1), 36, 3.0, seed=seed)
+        true_eta = (limit - (1_200_000 - rate * 33 + rate * points[-1][0] / 1000)) / rate
+        return true_eta, line_eta_band(points, limit)
+
+    held = 0
+    for seed in range(20):
+        true_eta, found = band(2_000.0, seed)
+        assert found["eta_low_s"] < found["eta_high_s"] and found["fitted_over_s"] == 33.0
+        held += found["eta_low_s"] <= true_eta <= found["eta_high_s"]
+    assert held >= 17  # a 95 % band, widened for autocorrelation: it holds the truth nearly always
+    _, quiet = band(20.0, 0)
+    _, noisy = band(2_000.0, 0)
+    assert quiet["eta_high_s"] - quiet["eta_low_s"] < (noisy["eta_high_s"] - noisy["eta_low_s"]) / 10
+    # Noise that may hide a flat line: the band is open above. At the limit: 0. Falling, no limit: none.
+    _, flat = band(200_000.0, 0)
+    assert flat is None or flat["eta_high_s"] is None
+    at_limit = [[i * 3000, 1_000_000 + i * 100_000.0] for i in range(12)]
+    assert line_eta_band(at_limit, 1_500_000) == {"eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": 33.0}
+    assert line_eta_band([[i * 3000, 1e6 - i] for i in range(12)], 2e6) is None
+    assert line_eta_band(at_limit, None) is None and line_eta_band(at_limit[:2], 2e7) is None

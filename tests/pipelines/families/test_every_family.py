@@ -107,3 +107,22 @@ def test_its_forecasts_come_soonest_first_with_their_band():
     assert BY_NAME["anomaly"].forecasts(row, None, 900.0) == []
     from pipelines.families.base import timeout_warning
     assert timeout_warning(found) == "; checkpoints will exceed their 1s timeout in ~4 min (3 min-6 min)"
+
+
+def test_a_leak_s_forecast_to_the_job_s_own_limit_carries_its_band_and_says_it():
+    from pipelines.families import BY_NAME
+    from pipelines.families.base import limit_text
+    leak = BY_NAME["state_leak"]
+    row = {**_row(None), "vertex_state_size_bytes": 2.5 * 2**20, "vertex_limit_ratio": 0.5, "limit_eta_s": 900.0,
+           "limit_eta_low_s": 600.0, "limit_eta_high_s": 1200.0, "limit_fitted_over_s": 33.0,
+           "state_limit_bytes": 5.0 * 2**20, "vertex_state_rel_slope_per_h": 2.0}
+    forecast = leak.forecast(row, None)
+    assert forecast == {"metric": "largest_subtask_state_bytes", "limit": 5 * 2**20, "limit_source": "job",
+                        "limit_ratio": 0.5, "eta_ms": 900_000, "eta_low_ms": 600_000, "eta_high_ms": 1_200_000,
+                        "fitted_over_ms": 33_000, "method": "linear_trend"}
+    assert "limit in 15 min (10 min-20 min);" in leak.summary("orders / window", row, forecast, "warning")
+    assert limit_text(forecast) == "the 5.0 MB state limit (job, at 50% now)"
+    # A band the line leaves open above (it may not rise at all) is said so.
+    open_above = leak.forecast({**row, "limit_eta_high_s": None}, None)
+    assert open_above["eta_high_ms"] is None
+    assert "limit in 15 min (or later: from 10 min);" in leak.summary("orders / window", row, open_above, "warning")
