@@ -20,6 +20,7 @@ from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, G
                                       TRAJECTORY_POINTS, WINDOW_POINTS)
 
 SHORT_WINDOW_CHECKPOINTS = 12
+HEAP_POLLS = 20
 LONG_WINDOW_MS = 90 * 60_000
 METRIC_POLLS_AVERAGED = 4
 RESTART_WINDOW_MS = 30 * 60_000
@@ -47,6 +48,7 @@ class Feature:
 
 
 _SHORT = f"last {SHORT_WINDOW_CHECKPOINTS} completed checkpoints"
+_SHORT_ANY = f"last {SHORT_WINDOW_CHECKPOINTS} checkpoints"  # completed or failed
 _LONG = f"completed checkpoints of the last {LONG_WINDOW_MS // 60_000} min"
 _GROWTH = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {GROWTH_MIN_POINTS}), "
            f"thinned to {WINDOW_POINTS}")
@@ -120,13 +122,13 @@ FEATURES: tuple[Feature, ...] = (
     Feature("limit_fitted_over_s", "state_leak", "job", "s", _SHORT,
             "the span of checkpoints that forecast is fitted over"),
     # --- checkpoint health -----------------------------------------------------------------------
-    Feature("checkpoint_failed_fraction", "checkpoint_failure", "job", "ratio", "last 12 checkpoints", "share of FAILED checkpoints"),
+    Feature("checkpoint_failed_fraction", "checkpoint_failure", "job", "ratio", _SHORT_ANY, "share of FAILED checkpoints"),
     Feature("checkpoint_consecutive_failures", "checkpoint_failure", "job", "checkpoints", "latest", "FAILED checkpoints in a row"),
     Feature("checkpoint_duration_over_interval", "checkpoint_failure", "job", "ratio", "latest",
             "end-to-end duration of the latest checkpoint over the interval"),
     Feature("checkpoint_duration_over_timeout", "checkpoint_failure", "job", "ratio", "latest",
             "end-to-end duration of the latest checkpoint over the timeout"),
-    Feature("checkpoint_duration_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 12 checkpoints",
+    Feature("checkpoint_duration_rel_slope_per_h", "checkpoint_failure", "job", "1/h", _SHORT_ANY,
             "relative slope of end-to-end checkpoint duration"),
     Feature("checkpoints_in_progress", "checkpoint_failure", "job", "checkpoints", "latest poll", "checkpoints in flight"),
     Feature("restarts_in_window", "checkpoint_failure", "job", "restarts", f"last {RESTART_WINDOW_MS // 60_000} min",
@@ -136,7 +138,7 @@ FEATURES: tuple[Feature, ...] = (
             "increase of Flink's failed-checkpoint counter: also failures that never reach the checkpoint history, "
             "less the triggers a run's starting tasks decline (before its first checkpoint in the history)"),
     Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
-    Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", "last 20 polls", "relative slope of JobManager heap"),
+    Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", f"last {HEAP_POLLS} polls", "relative slope of JobManager heap"),
     Feature("checkpoint_timeout_ms", "context", "job", "ms", "latest", "configured checkpoint timeout"),
     Feature("checkpoint_timeout_eta_s", "checkpoint_failure", "job", "s", _FORECAST,
             "seconds until completed checkpoints' end-to-end duration reaches the checkpoint timeout on its "
@@ -147,7 +149,7 @@ FEATURES: tuple[Feature, ...] = (
             "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
     Feature("checkpoint_duration_fitted_over_s", "checkpoint_failure", "job", "s", _FORECAST,
             "the span of checkpoints that forecast is fitted over"),
-    Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", "last 12 checkpoints",
+    Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", _SHORT_ANY,
             "relative slope of in-flight data persisted by unaligned checkpoints"),
     Feature("persisted_inflight_bytes", "backpressure", "job", "bytes", "latest", "in-flight data persisted by the latest checkpoint"),
     # --- state leak, vertex level ----------------------------------------------------------------
@@ -181,8 +183,8 @@ FEATURES: tuple[Feature, ...] = (
             "checkpoint: at least that checkpoint's duration)"),
     Feature("alignment_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",
             "largest alignment duration among the vertex's subtasks"),
-    Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints", "relative slope of the largest start delay"),
-    Feature("alignment_rel_slope_per_h", "backpressure", "vertex", "1/h", "last 12 checkpoints",
+    Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY, "relative slope of the largest start delay"),
+    Feature("alignment_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY,
             "relative slope of the largest alignment duration"),
     # --- skew, vertex level ----------------------------------------------------------------------
     Feature("records_in_max_over_mean", "skew", "vertex", "ratio", _POLLS, "busiest subtask's input rate over the mean"),

@@ -36,6 +36,7 @@ from feature_store.definitions import (
     FAILURE_COUNT_WINDOW_MS,
     FLAT_MIN_POINTS,
     FLAT_MIN_SPAN_MS,
+    HEAP_POLLS,
     LONG_WINDOW_MS,
     METRIC_POLLS_AVERAGED,
     RESTART_WINDOW_MS,
@@ -58,7 +59,6 @@ from feature_store.numeric import LongTimes, is_flat, max_known, mean_known, tra
 # of the job's checkpointing, so they are not counted as one.
 STOPPING_FAILURES = ("Coordinator is suspending", "is shutting down", "Job is cancelling", "job has been cancelled")
 LONG_BUFFER_POINTS = 240
-HEAP_POLLS = 20
 
 
 def _censored_delays(subtasks: Sequence[dict], delays: list, duration_ms: float | None) -> list:

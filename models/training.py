@@ -49,6 +49,7 @@ from models.post_rule import PostRule
 from models.registry import LoadedDetector
 from models.validation import TrainingSetInvalid, validate_training_set
 from pipelines.config import SentinelConfig
+from pipelines.datasets import SPLITS
 from pipelines.families import ANOMALY, BY_NAME, CHECKPOINT_FAILURE, EXPLAINED_BY, FAMILIES, SUPERVISED
 from pipelines.incidents.comparison import Comparison
 from pipelines.incidents.policy import PolicySettings
@@ -155,13 +156,13 @@ def load_splits(spark: SparkSession, config: SentinelConfig, dataset_dirs: Seque
         else:
             progress(f"computing features of {dataset} into {store}")
             offline_store.backfill(spark, events, store, config.features.idle_timeout_ms)
-        for split in ("train", "validation", "test"):
+        for split in SPLITS:
             truth_path = Path(dataset) / split / "ground_truth.jsonl"
             if truth_path.is_file():
                 rows.setdefault(split, []).append(offline_store.training_set(spark, store, [truth_path]).toPandas()
                                                   .assign(source=Path(dataset).name))
                 truths.setdefault(split, []).extend(offline_store.read_truth_lines(truth_path))
-    missing = {"train", "validation", "test"} - set(rows)
+    missing = set(SPLITS) - set(rows)
     if missing:
         raise TrainingSetInvalid(f"the datasets have no {', '.join(sorted(missing))} split")
     return {split: Runs(pd.concat(parts, ignore_index=True), truths[split]) for split, parts in rows.items()}

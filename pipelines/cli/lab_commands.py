@@ -8,10 +8,10 @@ from pipelines.cli.common import JOBS_PER_SCENARIO, GridProgress, require_kafka,
 from pipelines.cli.model_commands import train, training_dataset_arguments
 from pipelines.cli.parser import Command, add_actions, duration, positive_int
 from pipelines.config import SentinelConfig
+from pipelines.datasets import SPLITS
 from pipelines.errors import UsageError
 from pipelines.families import FAMILIES
 
-SPLITS = ("train", "validation", "test")
 
 
 def _cmd_up(config: SentinelConfig, args: argparse.Namespace) -> int:

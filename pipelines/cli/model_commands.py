@@ -8,9 +8,9 @@ import re
 from pipelines.cli.common import JOBS_PER_SCENARIO, Progress, require_champions, require_kafka, require_mlflow
 from pipelines.cli.parser import Command, duration, positive_int
 from pipelines.config import SentinelConfig
+from pipelines.datasets import SPLITS
 from pipelines.families import FAMILIES
 
-SPLITS = ("train", "validation", "test")
 
 
 def training_datasets(config: SentinelConfig, args: argparse.Namespace) -> list:
