@@ -78,8 +78,8 @@ class StateLeak(Family):
     def summary(self, where: str, row: Mapping[str, Any], forecast: dict | None, severity: str) -> str:
         slope = num(row, "vertex_state_rel_slope_per_h") or num(row, "state_rel_slope_per_h") or 0.0
         size = num(row, "vertex_state_size_bytes") or num(row, "state_size_bytes")
-        eta = (f", limit in {human_duration(forecast['eta_ms'] / 1000)}{band_text(forecast)}" if forecast
-               else ", no known limit")
+        eta = (", no known limit" if not forecast else ", at its limit now" if forecast["eta_ms"] <= 0
+               else f", limit in {human_duration(forecast['eta_ms'] / 1000)}{band_text(forecast)}")
         plateau, plateau_eta = num(row, PLATEAU[0]) or num(row, PLATEAU[1]), num(row, PLATEAU_ETA[0]) or num(row, PLATEAU_ETA[1])
         shape = (f"decelerating, levelling off at {mb(plateau)} in ~{human_duration(plateau_eta)}"
                  if plateau and plateau_eta is not None else "without levelling off")

@@ -126,3 +126,7 @@ def test_a_leak_s_forecast_to_the_job_s_own_limit_carries_its_band_and_says_it()
     open_above = leak.forecast({**row, "limit_eta_high_s": None}, None)
     assert open_above["eta_high_ms"] is None
     assert "limit in 15 min (or later: from 10 min);" in leak.summary("orders / window", row, open_above, "warning")
+    # At the limit: said so, not "in 0s (0s-0s)".
+    at_limit = leak.forecast({**row, "limit_eta_s": 0.0, "limit_eta_low_s": 0.0, "limit_eta_high_s": 0.0}, None)
+    assert "state 2.5 MB growing 200%/h without levelling off, at its limit now;" in leak.summary(
+        "orders / window", row, at_limit, "critical")
