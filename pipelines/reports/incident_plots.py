@@ -151,9 +151,9 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     at = series[series["ts"] <= decided_at]
     if slope and not at.empty:
         size, interval = float(at[column].iloc[-1]), metrics.latest_status("interval_ms") or 60_000.0
-        per_ms = slope * size / 3_600_000.0
-        start = max(float(series["ts"].iloc[0]), decided_at - SHORT_WINDOW_CHECKPOINTS * interval)
-        ax.plot([_time(start), _time(decided_at)], [(size - per_ms * (decided_at - start)) / MIB, size / MIB],
+        start, start_value, end_value, per_ms = fitted_trend(at["ts"], at[column], slope, decided_at,
+                                                             SHORT_WINDOW_CHECKPOINTS * interval)
+        ax.plot([_time(start), _time(decided_at)], [start_value / MIB, end_value / MIB],
                 color="#1f5fa8", linewidth=2.2, alpha=0.8, label=f"trend the detector fitted ({slope * 100:.0f}%/h)")
         eta = forecast.get("eta_ms")
         if eta is not None and limit:
@@ -168,6 +168,20 @@ def leak_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     _time_axis(ax)
     _legend(ax)
     return _svg(fig)
+
+
+def fitted_trend(ts: pd.Series, values: pd.Series, rel_slope_per_h: float, decided_at: float,
+                 span_ms: float) -> tuple[float, float, float, float]:
+    """The line a relative slope (per hour, over the window's mean, as the features give it) draws
+    over the ``span_ms`` before ``decided_at``: ``(start_ts, value at start, value at decided_at,
+    slope per ms)``, through the window's mean at its mean time as a least-squares line passes."""
+    start = max(float(ts.iloc[0]), decided_at - span_ms)
+    inside = (ts >= start) & (ts <= decided_at)
+    if not inside.any():  # nothing in the window: through the latest point
+        inside = ts == ts.iloc[-1]
+    mean_ts, mean_value = float(ts[inside].mean()), float(values[inside].mean())
+    per_ms = rel_slope_per_h * mean_value / 3_600_000.0
+    return (start, mean_value + per_ms * (start - mean_ts), mean_value + per_ms * (decided_at - mean_ts), per_ms)
 
 
 @_plain_text

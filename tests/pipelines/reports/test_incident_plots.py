@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from pipelines.reports.incident_plots import checkpoint_plot
 from pipelines.reports.page_inputs import JobMetrics
@@ -39,3 +40,15 @@ def test_without_a_timeout_forecast_only_the_durations_are_drawn():
     state = {"metric": "state_size_bytes", "limit": 5 * 2**20, "limit_source": "config", "eta_ms": 900_000}
     svg = checkpoint_plot([_incident([state])], _metrics())
     assert "timeout 3s" in svg and "forecast" not in svg
+
+
+def test_the_leak_s_fitted_trend_runs_through_the_data_not_below_it():
+    # A state doubling over the window: its relative slope is over the window's mean, not its latest size.
+    from pipelines.reports.incident_plots import fitted_trend
+    ts = pd.Series([i * 10_000.0 for i in range(12)])
+    values = pd.Series([1e8 + 1e7 * i for i in range(12)])  # +1e7 per 10 s
+    mean = float(values.mean())
+    rel_slope_per_h = 1e7 / 10_000 * 3_600_000 / mean
+    start, start_value, end_value, per_ms = fitted_trend(ts, values, rel_slope_per_h, 110_000.0, 12 * 10_000)
+    assert start == 0.0 and per_ms == pytest.approx(1e7 / 10_000)
+    assert start_value == pytest.approx(1e8) and end_value == pytest.approx(2.1e8)  # the data at both ends
