@@ -25,6 +25,16 @@ def rows_and_scores(points, family="state_leak", vertex="v1", job="j1", **featur
     return pd.DataFrame(rows), pd.DataFrame(scores)
 
 
+def together(*parts):
+    """Rows and scores of several entities as one batch."""
+    rows, scores, offset = [], [], 0
+    for part_rows, part_scores in parts:
+        rows.append(part_rows)
+        scores.append(part_scores.assign(row=part_scores["row"] + offset))
+        offset += len(part_rows)
+    return pd.concat(rows, ignore_index=True), pd.concat(scores, ignore_index=True)
+
+
 def skew_incident(job: str = "j1") -> tuple[dict, dict, dict]:
     """An opened, an escalated and a resolved event of one skew incident, from the real policy."""
     rows, scores = rows_and_scores([(0, 0.9), (1, 0.9), (20, 0.1), (21, 0.1), (35, 0.1)], family="skew", job=job,

@@ -13,7 +13,7 @@ from pipelines.families import ALERTNAMES
 from pipelines.families import FAMILIES
 from pipelines.incidents import policy
 from pipelines.incidents.policy import PolicySettings, step
-from tests.helpers.incidents import rows_and_scores
+from tests.helpers.incidents import rows_and_scores, together
 
 MIN = 60_000
 RULES = {f: PostRule(0.5, 2, 3) for f in FAMILIES}
@@ -115,15 +115,6 @@ def test_each_family_names_where_and_what(family, features, expected):
                                 "vertex_id": vertex or "", "vertex": "Window" if vertex else "", "family": family,
                                 "severity": opened["severity"], "event": "opened"}
 
-
-def together(*parts):
-    """Rows and scores of several entities as one batch."""
-    rows, scores, offset = [], [], 0
-    for part_rows, part_scores in parts:
-        rows.append(part_rows)
-        scores.append(part_scores.assign(row=part_scores["row"] + offset))
-        offset += len(part_rows)
-    return pd.concat(rows, ignore_index=True), pd.concat(scores, ignore_index=True)
 
 
 def test_checkpoint_failures_caused_by_a_leak_are_a_symptom_in_the_leak_incident():
