@@ -95,8 +95,9 @@ class StateLeak(Family):
     def forecast(self, row: Mapping[str, Any], configured_limit: int | None) -> dict | None:
         """ETA to the state limit: the job's own ``max_state_size_bytes`` first, else the configured one.
 
-        With the job's limit the features carry the largest subtask's ETA already; with a configured
-        limit the whole state's growth is extrapolated from its relative slope.
+        With the job's limit the features carry the largest subtask's ETA and its line's band
+        already; with a configured limit the whole state's growth is extrapolated from its relative
+        slope, the band from the growth test's bounds (:func:`configured_limit_band_s`).
         """
         eta_s, limit_ratio = num(row, "limit_eta_s"), num(row, "vertex_limit_ratio") or num(row, "limit_ratio")
         if eta_s is not None and limit_ratio:
@@ -111,8 +112,11 @@ class StateLeak(Family):
         if configured_limit:
             eta = float(configured_limit_eta_s(pd.DataFrame([row]), np.array([configured_limit], dtype="float64"))[0])
             if not math.isnan(eta):
+                low, high = configured_limit_band_s(row, configured_limit, eta)
                 return {"metric": "state_size_bytes", "limit_source": "config", "limit": configured_limit,
-                        "eta_ms": int(eta * 1000)}
+                        "eta_ms": int(eta * 1000), "eta_low_ms": None if low is None else int(low * 1000),
+                        "eta_high_ms": None if high is None else int(high * 1000), "fitted_over_ms": None,
+                        "method": "linear_trend"}
         return None
 
     def limit_eta_s(self, rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray | None:
@@ -140,6 +144,26 @@ def configured_limit_eta_s(rows: pd.DataFrame, limits: np.ndarray) -> np.ndarray
     with np.errstate(divide="ignore", invalid="ignore"):
         eta = np.maximum(0.0, (limits - size) / growth_per_s)
     return np.where((growth_per_s > 0) & (size > 0) & ~np.isnan(limits), eta, np.nan)
+
+
+def configured_limit_band_s(row: Mapping[str, Any], limit: float, eta_s: float) -> tuple[float | None, float | None]:
+    """The 95 % band ``(earliest, latest)`` of :func:`configured_limit_eta_s`'s ETA: the state's
+    size now reaching ``limit`` at the growth window's steepest and flattest relative slope (the
+    growth test's bounds, the vertex's where known), each times the size now as the ETA's slope
+    is. The band always holds the ETA; it is open above (latest None) where the state may not
+    grow at all, and unknown (both None) without the bounds."""
+    if eta_s <= 0:
+        return 0.0, 0.0
+    size = num(row, SIZE[0]) or num(row, SIZE[1])
+    low_rate, high_rate = num(row, GROWTH_LOW[0]), num(row, "vertex_state_growth_high_per_h")
+    if high_rate is None:
+        low_rate, high_rate = num(row, GROWTH_LOW[1]), num(row, "state_growth_high_per_h")
+    if not size or high_rate is None or high_rate <= 0:
+        return None, None
+    gap_h = (limit - size) / size * 3600.0
+    earliest = min(eta_s, gap_h / high_rate)
+    latest = max(eta_s, gap_h / low_rate) if low_rate is not None and low_rate > 0 else None
+    return earliest, latest
 
 
 FAMILY = StateLeak(

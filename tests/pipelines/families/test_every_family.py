@@ -109,6 +109,30 @@ def test_its_forecasts_come_soonest_first_with_their_band():
     assert timeout_warning(found) == "; checkpoints will exceed their 1s timeout in ~4 min (3 min-6 min)"
 
 
+def test_a_leak_s_forecast_to_a_configured_limit_carries_the_growth_test_s_band():
+    from pipelines.families import BY_NAME
+    leak = BY_NAME["state_leak"]
+    # +10 KB/s on 1 MB (36/h): a 10 MB limit in 900 s; the growth window's bounds 24/h-48/h.
+    row = {**_row(None), "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 36.0,
+           "vertex_state_growth_low_per_h": 24.0, "vertex_state_growth_high_per_h": 48.0}
+    forecast = leak.forecast(row, 10_000_000)
+    assert forecast == {"metric": "state_size_bytes", "limit_source": "config", "limit": 10_000_000,
+                        "eta_ms": 900_000, "eta_low_ms": 675_000, "eta_high_ms": 1_350_000, "fitted_over_ms": None,
+                        "method": "linear_trend"}
+    assert "limit in 15 min (11 min-22 min);" in leak.summary("orders / window", row, forecast, "warning")
+    # A lower bound at or below nothing leaves the band open above; no bounds, no band; the band holds the ETA.
+    assert leak.forecast({**row, "vertex_state_growth_low_per_h": -1.0}, 10_000_000)["eta_high_ms"] is None
+    unknown = leak.forecast({**row, "vertex_state_growth_high_per_h": None}, 10_000_000)
+    assert (unknown["eta_low_ms"], unknown["eta_high_ms"]) == (None, None)
+    narrow = leak.forecast({**row, "vertex_state_growth_low_per_h": 40.0, "vertex_state_growth_high_per_h": 44.0},
+                           10_000_000)
+    assert narrow["eta_low_ms"] <= narrow["eta_ms"] <= narrow["eta_high_ms"] == 900_000
+    # The job's state where the vertex's is unknown.
+    job_row = {**_row(None), "state_size_bytes": 1e6, "state_rel_slope_per_h": 36.0, "state_growth_low_per_h": 24.0,
+               "state_growth_high_per_h": 48.0}
+    assert leak.forecast(job_row, 10_000_000)["eta_low_ms"] == 675_000
+
+
 def test_a_leak_s_forecast_to_the_job_s_own_limit_carries_its_band_and_says_it():
     from pipelines.families import BY_NAME
     from pipelines.families.base import limit_text

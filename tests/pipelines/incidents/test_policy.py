@@ -198,8 +198,10 @@ def test_operator_knowledge_per_job_overrides_the_defaults():
     limited = SETTINGS.with_overrides([policy.JobOverride("orders", warmup_horizon_s=3600.0, state_limit_bytes=2_000_000)])
     opened = step({}, rows, scores, guarded, limited)[0]
     assert (opened["event"], opened["updated_at"]) == ("opened", 0)
+    # Its band comes from the growth test's bounds: these rows have the lower one only (open above, unknown below).
     assert opened["forecast"] == {"metric": "state_size_bytes", "limit_source": "config", "limit": 2_000_000,
-                                  "eta_ms": 180_000}
+                                  "eta_ms": 180_000, "eta_low_ms": None, "eta_high_ms": None, "fitted_over_ms": None,
+                                  "method": "linear_trend"}
     # The first override that matches wins; a muted family opens nothing.
     muted = SETTINGS.with_overrides([policy.JobOverride("orders", mute=("state_leak",)),
                                      policy.JobOverride("*", warmup_horizon_s=1.0)])
