@@ -186,6 +186,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY, "relative slope of the largest start delay"),
     Feature("alignment_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY,
             "relative slope of the largest alignment duration"),
+    Feature("barrier_wait_timeout_eta_s", "backpressure", "vertex", "s", _SHORT_ANY,
+            "seconds until the vertex's barrier wait (its largest start delay plus its largest alignment, per "
+            "checkpoint) reaches the checkpoint timeout on its least-squares trend since its last change of pace (0: "
+            "at it; null: no rising trend or no timeout known)"),
+    Feature("barrier_wait_timeout_eta_low_s", "backpressure", "vertex", "s", _SHORT_ANY,
+            "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
+    Feature("barrier_wait_timeout_eta_high_s", "backpressure", "vertex", "s", _SHORT_ANY,
+            "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
+    Feature("barrier_wait_fitted_over_s", "backpressure", "vertex", "s", _SHORT_ANY,
+            "the span of checkpoints that forecast is fitted over"),
     # --- skew, vertex level ----------------------------------------------------------------------
     Feature("records_in_max_over_mean", "skew", "vertex", "ratio", _POLLS, "busiest subtask's input rate over the mean"),
     Feature("records_in_cv", "skew", "vertex", "ratio", _POLLS, "coefficient of variation of subtask input rates"),

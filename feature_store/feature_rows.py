@@ -47,10 +47,12 @@ class FeatureRows:
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
         checkpoint_version = (self.age_checkpoints, self._limit())
+        timeout = self.status.get("checkpoint_timeout_ms")
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
             checkpointed, hot_state, state_skew = self._memoised(
                 ("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid)
+            barrier = self._memoised(("barrier", vid), (self.age_checkpoints, timeout), self._barrier_wait_forecast, vid)
             polls = polled.get(vid, NO_POLLS)
             others = [p.backpressured_mean for other, p in polled.items()
                       if other != vid and p.backpressured_mean is not None]
@@ -59,7 +61,7 @@ class FeatureRows:
             # The hot subtask: of records or of state, whichever is more skewed (of state if records are unknown).
             hot = polls.hot_subtask if polls.records_skew >= state_skew else hot_state
             hot = hot if hot is not None else hot_state
-            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job, **checkpointed,
+            rows.append({**base, "vertex_id": vid, "vertex_name": self.vertex_names[vid], **job, **checkpointed, **barrier,
                          **polls.features,
                          "downstream_of_backpressure": (polls.busy_max / 1000.0 * max(others) / 1000.0
                                                         if polls.busy_max is not None and others else None),
@@ -161,6 +163,17 @@ class FeatureRows:
                         "checkpoint_timeout_eta_low_s": eta and eta["eta_low_s"],
                         "checkpoint_timeout_eta_high_s": eta and eta["eta_high_s"],
                         "checkpoint_duration_fitted_over_s": eta and eta["fitted_over_s"]})
+
+    def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
+        """When a vertex's barrier wait (largest start delay plus largest alignment) reaches the
+        checkpoint timeout, on its trend over its last checkpoints, completed or failed."""
+        waits = [[w[0], (w[1] or 0.0) + (w[2] or 0.0)] for w in self.barrier_waits.get(vid, [])
+                 if w[1] is not None or w[2] is not None]
+        eta = growth.limit_eta(waits, self.status.get("checkpoint_timeout_ms"))
+        return _floats({"barrier_wait_timeout_eta_s": eta and eta["eta_s"],
+                        "barrier_wait_timeout_eta_low_s": eta and eta["eta_low_s"],
+                        "barrier_wait_timeout_eta_high_s": eta and eta["eta_high_s"],
+                        "barrier_wait_fitted_over_s": eta and eta["fitted_over_s"]})
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""

@@ -23,6 +23,16 @@ import pandas as pd
 MIB = 1024 * 1024
 # A forecast of completed checkpoints' duration against their timeout: the warning that they will fail.
 TIMEOUT_METRIC = "checkpoint_duration_ms"
+# And of a vertex's barrier wait (start delay and alignment) against the same timeout: backpressure's.
+BARRIER_METRIC = "checkpoint_barrier_wait_ms"
+# Each metric forecast against the checkpoint timeout: its feature columns (ETA, band's low and
+# high end, the span fitted over).
+TIMEOUT_FORECASTS = {
+    TIMEOUT_METRIC: ("checkpoint_timeout_eta_s", "checkpoint_timeout_eta_low_s", "checkpoint_timeout_eta_high_s",
+                     "checkpoint_duration_fitted_over_s"),
+    BARRIER_METRIC: ("barrier_wait_timeout_eta_s", "barrier_wait_timeout_eta_low_s", "barrier_wait_timeout_eta_high_s",
+                     "barrier_wait_fitted_over_s"),
+}
 # The persistence grid a post-rule is calibrated over when its family names none of its own.
 CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
 
@@ -157,13 +167,11 @@ class Family:
 
     def forecasts(self, row: Mapping[str, Any], configured_limit: int | None, warning_horizon_s: float) -> list[dict]:
         """Every forecast an incident of it carries at ``row``, soonest first: its own, and for a
-        family whose faults fail checkpoints, when their duration reaches the timeout (where that
-        is within ``warning_horizon_s``: a warning, not a far trend)."""
+        family whose faults fail checkpoints, when their duration, and the vertex's barrier wait,
+        reach the timeout (where that is within ``warning_horizon_s``: a warning, not a far trend)."""
         found = [f for f in (self.forecast(row, configured_limit),) if f]
         if self.supervised:
-            timeout = timeout_forecast(row, warning_horizon_s)
-            if timeout:
-                found.append(timeout)
+            found += [f for metric in TIMEOUT_FORECASTS if (f := timeout_forecast(row, warning_horizon_s, metric))]
         return sorted(found, key=lambda f: f["eta_ms"])
 
     def predicted_rows(self, frame: pd.DataFrame, warning_horizon_s: np.ndarray) -> np.ndarray | None:
@@ -203,35 +211,43 @@ class Family:
         raise ValueError(f"no static baseline for {self.name!r}")
 
 
-def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float) -> dict | None:
-    """When completed checkpoints' end-to-end duration reaches the checkpoint timeout, on its
-    fitted trend with its 95 % band (feature_store/trajectory.py's ``limit_eta``); None beyond
-    ``warning_horizon_s`` or without a rising trend."""
-    eta, timeout = num(row, "checkpoint_timeout_eta_s"), num(row, "checkpoint_timeout_ms")
+def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float, metric: str = TIMEOUT_METRIC) -> dict | None:
+    """When ``metric`` (completed checkpoints' end-to-end duration, or a vertex's barrier wait)
+    reaches the checkpoint timeout, on its fitted trend with its 95 % band
+    (feature_store/trajectory.py's ``limit_eta``); None beyond ``warning_horizon_s`` or without a
+    rising trend."""
+    eta_column, low_column, high_column, over_column = TIMEOUT_FORECASTS[metric]
+    eta, timeout = num(row, eta_column), num(row, "checkpoint_timeout_ms")
     if eta is None or timeout is None or eta > warning_horizon_s:
         return None
-    low, high = num(row, "checkpoint_timeout_eta_low_s"), num(row, "checkpoint_timeout_eta_high_s")
-    over = num(row, "checkpoint_duration_fitted_over_s")
-    return {"metric": TIMEOUT_METRIC, "limit": int(timeout), "limit_source": "job",
+    low, high, over = num(row, low_column), num(row, high_column), num(row, over_column)
+    return {"metric": metric, "limit": int(timeout), "limit_source": "job",
             "eta_ms": int(eta * 1000), "eta_low_ms": int((low if low is not None else eta) * 1000),
             "eta_high_ms": None if high is None else int(high * 1000),
             "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
 
 
 def timeout_warning(forecasts: list[dict]) -> str:
-    """The sentence a warning adds to a summary: "checkpoints will exceed their 1 s timeout in
-    ~4 min (3-6 min)"; empty without a timeout forecast."""
-    timeout = timeout_forecast_in(forecasts)
+    """The sentence a warning adds to a summary, of the soonest forecast against the timeout:
+    "checkpoints will exceed their 1 s timeout in ~4 min (3-6 min)", "checkpoint barriers will
+    wait out their 20 s timeout in ~4 min (3-6 min)"; empty without one."""
+    timeout = next((f for f in forecasts or [] if f.get("metric") in TIMEOUT_FORECASTS), None)
     if timeout is None:
         return ""
+    limit = human_duration(timeout["limit"] / 1000)
+    if timeout["metric"] == BARRIER_METRIC:
+        if timeout["eta_ms"] <= 0:
+            return f"; checkpoint barriers wait out their {limit} timeout now"
+        return f"; checkpoint barriers will wait out their {limit} timeout in {eta_text(timeout)}"
     if timeout["eta_ms"] <= 0:
-        return f"; checkpoints take their {human_duration(timeout['limit'] / 1000)} timeout now"
-    return f"; checkpoints will exceed their {human_duration(timeout['limit'] / 1000)} timeout in {eta_text(timeout)}"
+        return f"; checkpoints take their {limit} timeout now"
+    return f"; checkpoints will exceed their {limit} timeout in {eta_text(timeout)}"
 
 
-def timeout_forecast_in(forecasts: list[dict] | None) -> dict | None:
-    """The timeout forecast among an incident's ``forecasts``, if any."""
-    return next((f for f in forecasts or [] if f.get("metric") == TIMEOUT_METRIC), None)
+def timeout_forecast_in(forecasts: list[dict] | None, metrics: tuple[str, ...] = (TIMEOUT_METRIC,)) -> dict | None:
+    """The soonest forecast of ``metrics`` (by default the end-to-end duration's against the
+    timeout) among an incident's ``forecasts`` (soonest first), if any."""
+    return next((f for f in forecasts or [] if f.get("metric") in metrics), None)
 
 
 def eta_text(forecast: Mapping[str, Any]) -> str:
@@ -259,6 +275,8 @@ def limit_text(forecast: Mapping[str, Any]) -> str:
     limit, source = forecast.get("limit"), forecast.get("limit_source") or "?"
     if forecast["metric"] == TIMEOUT_METRIC and limit:
         return f"the {human_duration(limit / 1000)} checkpoint timeout"
+    if forecast["metric"] == BARRIER_METRIC and limit:
+        return f"the {human_duration(limit / 1000)} checkpoint timeout (barrier wait)"
     ratio = forecast.get("limit_ratio")
     now = f", at {ratio:.0%} now)" if ratio is not None else ")"
     return (f"the {mb(limit)} state limit ({source}" if limit else f"the state limit ({source}") + now

@@ -355,6 +355,23 @@ def test_barrier_wait_trends():
     assert vertex["start_delay_max_ms"] == 300 and vertex["alignment_max_ms"] == 150
 
 
+def test_a_barrier_wait_that_grows_is_forecast_to_reach_the_checkpoint_timeout():
+    # Start delay 1 s more, alignment 0.5 s more at every checkpoint (5 s apart): +300 ms/s; 18 s at the
+    # 12th, so 42 s more to the 60 s timeout take 140 s. A straight line: its band is the ETA itself.
+    events = [status(T0 - 1000, timeout=60_000)]
+    events += [checkpoint(T0 + i * 5000, 100, delays=[10, 1000 * (i + 1)]) for i in range(12)]
+    vertex = rows_at(events, vertex=V1)
+    assert vertex["barrier_wait_timeout_eta_s"] == pytest.approx(140.0)
+    assert vertex["barrier_wait_timeout_eta_low_s"] == pytest.approx(140.0)
+    assert vertex["barrier_wait_timeout_eta_high_s"] == pytest.approx(140.0)
+    assert vertex["barrier_wait_fitted_over_s"] == pytest.approx(55.0)
+    assert rows_at(events)["barrier_wait_timeout_eta_s"] is None  # a vertex's, not the job's
+    # A flat wait, or no timeout known: no forecast.
+    flat = [status(T0 - 1000)] + [checkpoint(T0 + i * 5000, 100, delays=[10, 1000]) for i in range(12)]
+    assert rows_at(flat, vertex=V1)["barrier_wait_timeout_eta_s"] is None
+    assert rows_at(events[1:], vertex=V1)["barrier_wait_timeout_eta_s"] is None
+
+
 def test_a_subtask_that_never_acknowledged_a_failed_checkpoint_waited_at_least_its_duration():
     """A bottleneck whose checkpoints all expire never reports a start delay: read as the
     checkpoint's duration (a lower bound), not as unknown, and not for a subtask that did acknowledge."""

@@ -109,6 +109,28 @@ def test_its_forecasts_come_soonest_first_with_their_band():
     assert timeout_warning(found) == "; checkpoints will exceed their 1s timeout in ~4 min (3 min-6 min)"
 
 
+def test_a_backpressured_vertex_s_barrier_wait_is_forecast_against_the_timeout_and_said():
+    from pipelines.families import BY_NAME
+    from pipelines.families.base import limit_text, timeout_warning
+    row = {**_row(None), "checkpoint_timeout_ms": 20_000.0, "barrier_wait_timeout_eta_s": 180.0,
+           "barrier_wait_timeout_eta_low_s": 120.0, "barrier_wait_timeout_eta_high_s": 300.0,
+           "barrier_wait_fitted_over_s": 36.0, "checkpoint_timeout_eta_s": 400.0}
+    found = BY_NAME["backpressure"].forecasts(row, None, 900.0)
+    assert [f["metric"] for f in found] == ["checkpoint_barrier_wait_ms", "checkpoint_duration_ms"]
+    assert found[0] == {"metric": "checkpoint_barrier_wait_ms", "limit": 20_000, "limit_source": "job",
+                        "eta_ms": 180_000, "eta_low_ms": 120_000, "eta_high_ms": 300_000, "fitted_over_ms": 36_000,
+                        "method": "linear_trend"}
+    assert timeout_warning(found) == "; checkpoint barriers will wait out their 20s timeout in ~3 min (2 min-5 min)"
+    assert limit_text(found[0]) == "the 20s checkpoint timeout (barrier wait)"
+    # The end-to-end duration's sooner: its words; beyond the horizon: neither; at the timeout: now.
+    sooner = {**row, "checkpoint_timeout_eta_s": 45.0}
+    assert timeout_warning(BY_NAME["backpressure"].forecasts(sooner, None, 900.0)).startswith(
+        "; checkpoints will exceed their 20s timeout in ~45s")
+    assert BY_NAME["backpressure"].forecasts(row, None, 120.0) == []
+    now = BY_NAME["skew"].forecasts({**row, "barrier_wait_timeout_eta_s": 0.0}, None, 900.0)
+    assert timeout_warning(now) == "; checkpoint barriers wait out their 20s timeout now"
+
+
 def test_a_leak_s_forecast_to_a_configured_limit_carries_the_growth_test_s_band():
     from pipelines.families import BY_NAME
     leak = BY_NAME["state_leak"]
