@@ -17,6 +17,7 @@ from feature_store import trajectory as growth
 from feature_store.definitions import VERTEX_FEATURES
 from feature_store.numeric import (
     LongTimes,
+    barrier_wait,
     hot_excess,
     known_values,
     linear_fit,
@@ -167,8 +168,7 @@ class FeatureRows:
     def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
         """When a vertex's barrier wait (largest start delay plus largest alignment) reaches the
         checkpoint timeout, on its trend over its last checkpoints, completed or failed."""
-        waits = [[w[0], (w[1] or 0.0) + (w[2] or 0.0)] for w in self.barrier_waits.get(vid, [])
-                 if w[1] is not None or w[2] is not None]
+        waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]
         eta = growth.limit_eta(waits, self.status.get("checkpoint_timeout_ms"))
         return _floats({"barrier_wait_timeout_eta_s": eta and eta["eta_s"],
                         "barrier_wait_timeout_eta_low_s": eta and eta["eta_low_s"],

@@ -71,6 +71,14 @@ def _censored_delays(subtasks: Sequence[dict], delays: list, duration_ms: float 
             for sub, delay in zip(subtasks, delays)]
 
 
+def barrier_delays(subtasks: Sequence[dict], failed: bool, duration_ms: float | None) -> tuple[list, list]:
+    """A vertex's subtasks' start delays (censored on a failed checkpoint) and alignments."""
+    delays = [s.get("start_delay_ms") for s in subtasks]
+    if failed:
+        delays = _censored_delays(subtasks, delays, duration_ms)
+    return delays, [s.get("alignment_duration_ms") for s in subtasks]
+
+
 @dataclass
 class JobFeatureState(FeatureRows):
     """Everything a job's features need, bounded; serialisable with :meth:`to_json`."""
@@ -274,12 +282,10 @@ class JobFeatureState(FeatureRows):
             self.vertex_names[vid] = vertex["vertex_name"]
             subs = sorted(vertex.get("subtasks") or [], key=lambda s: s["index"])
             states = [s.get("state_size_bytes") for s in subs]
-            delays = [s.get("start_delay_ms") for s in subs]
-            if failed:
-                delays = _censored_delays(subs, delays, event.get("end_to_end_duration_ms"))
+            delays, alignments = barrier_delays(subs, failed, event.get("end_to_end_duration_ms"))
             self.vertex_checkpoint[vid] = {
                 "states": states if not failed else self.vertex_checkpoint.get(vid, {}).get("states", []),
-                "delays": delays, "alignments": [s.get("alignment_duration_ms") for s in subs],
+                "delays": delays, "alignments": alignments,
             }
             if subs:
                 series = self.barrier_waits.setdefault(vid, [])

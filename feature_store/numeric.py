@@ -199,3 +199,11 @@ def is_flat(points: Sequence[Sequence[float]]) -> bool:
 
 def ratio_to(value: float | None, reference: float | None) -> float | None:
     return value / reference if value is not None and reference else None
+
+
+def barrier_wait(delay_max: float | None, alignment_max: float | None) -> float | None:
+    """How long a vertex's barrier waited at a checkpoint: its largest start delay plus its largest
+    alignment (either alone where the other is unknown; None where both are)."""
+    if delay_max is None and alignment_max is None:
+        return None
+    return (delay_max or 0.0) + (alignment_max or 0.0)

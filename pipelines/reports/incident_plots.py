@@ -23,7 +23,7 @@ import pandas as pd
 from feature_store.definitions import SHORT_WINDOW_CHECKPOINTS
 from pipelines.display import printable
 from pipelines.families import BY_NAME
-from pipelines.families.base import eta_text, timeout_forecast_in
+from pipelines.families.base import BARRIER_METRIC, eta_text, timeout_forecast_in
 from pipelines.incidents.evidence import human_duration
 from pipelines.reports.page_inputs import MIB, JobMetrics, last_open_event
 
@@ -273,7 +273,16 @@ def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
         value = metrics.latest_status(column)
         if value:
             ax.axhline(value / 1000.0, color="#555555", linestyle=style, linewidth=1, label=f"{label} {value / 1000:.0f}s")
-    _timeout_forecast(ax, history, done)
+    incident = last_open_event(history) if history else {}
+    waits = metrics.barrier_waits[metrics.barrier_waits["vertex_id"] == incident.get("vertex_id")]
+    barrier = timeout_forecast_in(incident.get("forecasts"), (BARRIER_METRIC,))
+    if barrier and len(waits):
+        ax.plot(_times(waits["trigger_ts"]), waits["wait_ms"] / 1000.0, color="#7a5195", linewidth=1, marker=".",
+                markersize=3, label=f"barrier wait of {_plot_name(incident.get('vertex_name'))}")
+    _timeout_forecast(ax, incident, timeout_forecast_in(incident.get("forecasts")), done["trigger_ts"],
+                      done["duration_ms"], "#1f5fa8", "the timeout")
+    _timeout_forecast(ax, incident, barrier, waits["trigger_ts"], waits["wait_ms"], "#7a5195",
+                      "barriers wait out the timeout")
     ax.set_ylabel("duration (s)")
     ax.set_title("Checkpoint durations", loc="left")
     _marks(ax, history, restart_times(metrics))
@@ -282,23 +291,24 @@ def checkpoint_plot(history: Sequence[dict], metrics: JobMetrics) -> str | None:
     return _svg(fig)
 
 
-def _timeout_forecast(ax, history: Sequence[dict], done: pd.DataFrame) -> None:
-    """The incident's latest timeout forecast: from the duration of the last checkpoint completed
-    before it, a line to the timeout at its ETA and the band of its 95 % bounds (to the plot's
-    edge where the band is open above)."""
-    incident = last_open_event(history) if history else {}
-    forecast = timeout_forecast_in(incident.get("forecasts"))
+def _timeout_forecast(ax, incident: dict, forecast: dict | None, times: pd.Series, values_ms: pd.Series, colour: str,
+                      what: str) -> None:
+    """One of the incident's latest forecasts against the timeout: from the series' last value
+    before it (checkpoints' durations, or the vertex's barrier waits), a line to the timeout at
+    its ETA and the band of its 95 % bounds (to the plot's edge where the band is open above)."""
     at = incident.get("updated_at")
-    before = done[done["trigger_ts"] <= at] if forecast and at is not None and len(done) else done.iloc[:0]
-    if before.empty or not forecast.get("limit") or forecast["eta_ms"] <= 0:
+    if not forecast or at is None or not forecast.get("limit") or forecast["eta_ms"] <= 0:
         return
-    duration, limit = float(before["duration_ms"].iloc[-1]), forecast["limit"]
+    before = values_ms[(times <= at).to_numpy()].dropna()
+    if before.empty:
+        return
+    value, limit = float(before.iloc[-1]), forecast["limit"]
     eta, low, high = forecast["eta_ms"], forecast.get("eta_low_ms") or forecast["eta_ms"], forecast.get("eta_high_ms")
     edge = at + (high if high is not None else 2 * eta)
-    ax.fill([_time(at), _time(at + low), _time(edge)], [duration / 1000.0, limit / 1000.0, limit / 1000.0],
-            color="#1f5fa8", alpha=0.15, linewidth=0, label="its 95 % band" + ("" if high is not None else " (open above)"))
-    ax.plot([_time(at), _time(at + eta)], [duration / 1000.0, limit / 1000.0],
-            color="#1f5fa8", linewidth=1.6, linestyle="--", label=f"forecast: the timeout in {eta_text(forecast)}")
+    ax.fill([_time(at), _time(at + low), _time(edge)], [value / 1000.0, limit / 1000.0, limit / 1000.0],
+            color=colour, alpha=0.15, linewidth=0, label="its 95 % band" + ("" if high is not None else " (open above)"))
+    ax.plot([_time(at), _time(at + eta)], [value / 1000.0, limit / 1000.0],
+            color=colour, linewidth=1.6, linestyle="--", label=f"forecast: {what} in {eta_text(forecast)}")
 
 
 # The page plots a family's spec can name (``Family.page_plot``), by what they draw.

@@ -7,10 +7,13 @@ are incident events and says why each other one is not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
+
+from feature_store.job_features import barrier_delays
+from feature_store.numeric import barrier_wait, max_known
 
 # Before the incident opened, how much history the plots show (enough for a leak's warm-up and
 # the slope window; a longer one makes the decisive minutes unreadable).
@@ -61,10 +64,14 @@ class JobMetrics:
     subtask_state: pd.DataFrame  # ts, vertex_id, index, state_size_bytes (completed checkpoints)
     samples: pd.DataFrame  # ts, vertex_id, vertex_name, index, busy, backpressured, records_in_per_s
     status: pd.DataFrame  # ts, state, num_restarts, interval_ms, timeout_ms, max_state_size_bytes
+    # ts, trigger_ts, vertex_id, wait_ms: each checkpoint's (completed or failed) largest start delay
+    # plus largest alignment per vertex, as the barrier-wait forecast fits them
+    barrier_waits: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=["ts", "trigger_ts", "vertex_id", "wait_ms"]))
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping]) -> "JobMetrics":
-        checkpoints, vertex_state, subtask_state, samples, status = [], [], [], [], []
+        checkpoints, vertex_state, subtask_state, samples, status, waits = [], [], [], [], [], []
         for e in events:
             kind, ts = e.get("kind"), e.get("ts")
             if kind == "checkpoint" and not e.get("is_savepoint"):
@@ -72,6 +79,9 @@ class JobMetrics:
                                     "status": e["status"], "duration_ms": e.get("end_to_end_duration_ms"),
                                     "state_size_bytes": e.get("state_size_bytes"),
                                     "failure_message": e.get("failure_message")})
+                waits.extend({"ts": ts, "trigger_ts": e.get("trigger_ts") or ts, "vertex_id": v["vertex_id"],
+                              "wait_ms": wait}
+                             for v in e.get("vertices") or [] if (wait := barrier_wait_ms(e, v)) is not None)
                 if e["status"] != "COMPLETED":
                     continue
                 for v in e.get("vertices") or []:
@@ -101,13 +111,14 @@ class JobMetrics:
                    frame(subtask_state, ("ts", "vertex_id", "index", "state_size_bytes")),
                    frame(samples, ("ts", "vertex_id", "vertex_name", "index", "busy", "backpressured",
                                    "records_in_per_s")),
-                   frame(status, ("ts", "state", "num_restarts", "interval_ms", "timeout_ms", "max_state_size_bytes")))
+                   frame(status, ("ts", "state", "num_restarts", "interval_ms", "timeout_ms", "max_state_size_bytes")),
+                   frame(waits, ("ts", "trigger_ts", "vertex_id", "wait_ms")))
 
     def between(self, start_ms: int, end_ms: int) -> "JobMetrics":
         def cut(df: pd.DataFrame) -> pd.DataFrame:
             return df[(df["ts"] >= start_ms) & (df["ts"] <= end_ms)].reset_index(drop=True)
         return JobMetrics(cut(self.checkpoints), cut(self.vertex_state), cut(self.subtask_state), cut(self.samples),
-                          cut(self.status))
+                          cut(self.status), cut(self.barrier_waits))
 
     @property
     def empty(self) -> bool:
@@ -116,6 +127,14 @@ class JobMetrics:
     def latest_status(self, column: str) -> float | None:
         values = self.status[column].dropna() if column in self.status else pd.Series(dtype="float64")
         return float(values.iloc[-1]) if len(values) else None
+
+
+def barrier_wait_ms(checkpoint: Mapping, vertex: Mapping) -> float | None:
+    """A vertex's barrier wait at a checkpoint as the features read it: its largest start delay
+    (a subtask silent on a failed checkpoint waited its duration) plus its largest alignment."""
+    delays, alignments = barrier_delays(sorted(vertex.get("subtasks") or [], key=lambda s: s["index"]),
+                                        checkpoint["status"] != "COMPLETED", checkpoint.get("end_to_end_duration_ms"))
+    return barrier_wait(max_known(delays), max_known(alignments))
 
 
 def job_key(event: Mapping) -> tuple[str, str]:

@@ -42,6 +42,21 @@ def test_without_a_timeout_forecast_only_the_durations_are_drawn():
     assert "timeout 3s" in svg and "forecast" not in svg
 
 
+def test_a_vertex_s_barrier_wait_forecast_is_drawn_over_its_own_waits():
+    metrics = _metrics()
+    metrics.barrier_waits = pd.DataFrame([{"ts": i * 10_000 + 900, "trigger_ts": i * 10_000, "vertex_id": vid,
+                                           "wait_ms": 100.0 * i} for i in range(30) for vid in ("slow", "other")])
+    barrier = {"metric": "checkpoint_barrier_wait_ms", "limit": 3000, "limit_source": "job", "eta_ms": 120_000,
+               "eta_low_ms": 60_000, "eta_high_ms": None}
+    incident = {**_incident([barrier]), "family": "backpressure", "vertex_id": "slow", "vertex_name": "enrich"}
+    svg = checkpoint_plot([incident], metrics)
+    assert "barrier wait of enrich" in svg
+    assert "forecast: barriers wait out the timeout in ~2 min (or later: from 60s)" in svg
+    assert "its 95 % band (open above)" in svg and "forecast: the timeout" not in svg
+    # Another vertex's incident has no waits of its own drawn, nor a forecast it does not carry.
+    assert "barrier wait" not in checkpoint_plot([{**incident, "forecasts": []}], metrics)
+
+
 def test_the_leak_s_fitted_trend_runs_through_the_data_not_below_it():
     # A state doubling over the window: its relative slope is over the window's mean, not its latest size.
     from pipelines.reports.incident_plots import fitted_trend
