@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family, Plot, band_text, col, column, fired, human_duration, mb, num, vertex_else_job
+from pipelines.families.base import (TIMEOUT_FORECASTS, Family, Plot, band_text, col, column, fired, human_duration, mb,
+                                     num, vertex_else_job)
 
 NAME = "state_leak"
 
@@ -24,6 +25,7 @@ LIMIT_COLUMNS = ("vertex_state_size_bytes", "state_size_bytes", "vertex_state_re
 # --- whether the state still grows: one definition for opening, sustaining and resolving ---------
 # Each is the vertex's where known, else the job's (feature_store/trajectory.py computes them).
 GROWTH_LOW = ("vertex_state_growth_low_per_h", "state_growth_low_per_h")
+GROWTH_HIGH = ("vertex_state_growth_high_per_h", "state_growth_high_per_h")
 RECENT_GROWTH_LOW = ("vertex_state_recent_growth_low_per_h", "state_recent_growth_low_per_h")
 FILLING = ("vertex_state_filling", "state_filling")
 PLATEAU_ETA = ("vertex_state_plateau_eta_s", "state_plateau_eta_s")
@@ -78,6 +80,9 @@ class StateLeak(Family):
     def summary(self, where: str, row: Mapping[str, Any], forecast: dict | None, severity: str) -> str:
         slope = num(row, "vertex_state_rel_slope_per_h") or num(row, "state_rel_slope_per_h") or 0.0
         size = num(row, "vertex_state_size_bytes") or num(row, "state_size_bytes")
+        # The state's own limit: a sooner forecast against the timeout is said by the warning after it.
+        candidates = row["forecasts"] if row.get("forecasts") is not None else [forecast] if forecast else []
+        forecast = next((f for f in candidates if f["metric"] not in TIMEOUT_FORECASTS), None)
         eta = (", no known limit" if not forecast else ", at its limit now" if forecast["eta_ms"] <= 0
                else f", limit in {human_duration(forecast['eta_ms'] / 1000)}{band_text(forecast)}")
         plateau, plateau_eta = num(row, PLATEAU[0]) or num(row, PLATEAU[1]), num(row, PLATEAU_ETA[0]) or num(row, PLATEAU_ETA[1])
@@ -154,10 +159,8 @@ def configured_limit_band_s(row: Mapping[str, Any], limit: float, eta_s: float) 
     grow at all, and unknown (both None) without the bounds."""
     if eta_s <= 0:
         return 0.0, 0.0
-    size = num(row, SIZE[0]) or num(row, SIZE[1])
-    low_rate, high_rate = num(row, GROWTH_LOW[0]), num(row, "vertex_state_growth_high_per_h")
-    if high_rate is None:
-        low_rate, high_rate = num(row, GROWTH_LOW[1]), num(row, "state_growth_high_per_h")
+    level = 0 if num(row, SIZE[0]) is not None else 1  # the vertex's where known, as the ETA's
+    size, low_rate, high_rate = num(row, SIZE[level]), num(row, GROWTH_LOW[level]), num(row, GROWTH_HIGH[level])
     if not size or high_rate is None or high_rate <= 0:
         return None, None
     gap_h = (limit - size) / size * 3600.0

@@ -107,6 +107,11 @@ def test_its_forecasts_come_soonest_first_with_their_band():
     assert BY_NAME["anomaly"].forecasts(row, None, 900.0) == []
     from pipelines.families.base import timeout_warning
     assert timeout_warning(found) == "; checkpoints will exceed their 1s timeout in ~4 min (3 min-6 min)"
+    # The leak's summary gives its state's limit, though the timeout comes sooner (the warning says that).
+    summary = BY_NAME["state_leak"].summary("orders / window", {**row, "forecasts": found}, found[0], "warning")
+    assert ", limit in 15 min;" in summary
+    alone = BY_NAME["state_leak"].summary("orders / window", {**row, "forecasts": found[:1]}, found[0], "warning")
+    assert ", no known limit;" in alone
 
 
 def test_a_backpressured_vertex_s_barrier_wait_is_forecast_against_the_timeout_and_said():
