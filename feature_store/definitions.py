@@ -60,6 +60,28 @@ _HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
 
+# A forecast against the checkpoint timeout, as features: the ETA, its band's earliest and latest,
+# and the span it is fitted over (feature_store/trajectory.py's ``limit_eta``).
+TIMEOUT_FORECAST_COLUMNS = ("checkpoint_timeout_eta_s", "checkpoint_timeout_eta_low_s",
+                            "checkpoint_timeout_eta_high_s", "checkpoint_duration_fitted_over_s")
+BARRIER_WAIT_FORECAST_COLUMNS = ("barrier_wait_timeout_eta_s", "barrier_wait_timeout_eta_low_s",
+                                 "barrier_wait_timeout_eta_high_s", "barrier_wait_fitted_over_s")
+
+
+def _timeout_forecast_features(columns: tuple[str, str, str, str], family: str, level: str, window: str,
+                               subject: str) -> tuple[Feature, ...]:
+    eta, low, high, over = columns
+    return (
+        Feature(eta, family, level, "s", window,
+                f"seconds until {subject} reaches the checkpoint timeout on its least-squares trend since its last "
+                "change of pace (0: at it; null: no rising trend or no timeout known)"),
+        Feature(low, family, level, "s", window, "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
+        Feature(high, family, level, "s", window,
+                "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
+        Feature(over, family, level, "s", window, "the span of checkpoints that forecast is fitted over"),
+    )
+
+
 def _growth_features(prefix: str, level: str, subject: str) -> tuple[Feature, ...]:
     """The growth test's and the growth shape's features of the job's full state or a vertex's."""
     return (
@@ -140,15 +162,8 @@ FEATURES: tuple[Feature, ...] = (
     Feature("jm_heap_ratio", "checkpoint_failure", "job", "ratio", "latest poll", "JobManager heap used over max"),
     Feature("jm_heap_rel_slope_per_h", "checkpoint_failure", "job", "1/h", f"last {HEAP_POLLS} polls", "relative slope of JobManager heap"),
     Feature("checkpoint_timeout_ms", "context", "job", "ms", "latest", "configured checkpoint timeout"),
-    Feature("checkpoint_timeout_eta_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "seconds until completed checkpoints' end-to-end duration reaches the checkpoint timeout on its "
-            "least-squares trend (0: at it; null: no rising trend or no timeout known)"),
-    Feature("checkpoint_timeout_eta_low_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
-    Feature("checkpoint_timeout_eta_high_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
-    Feature("checkpoint_duration_fitted_over_s", "checkpoint_failure", "job", "s", _FORECAST,
-            "the span of checkpoints that forecast is fitted over"),
+    *_timeout_forecast_features(TIMEOUT_FORECAST_COLUMNS, "checkpoint_failure", "job", _FORECAST,
+                                "completed checkpoints' end-to-end duration"),
     Feature("persisted_inflight_rel_slope_per_h", "backpressure", "job", "1/h", _SHORT_ANY,
             "relative slope of in-flight data persisted by unaligned checkpoints"),
     Feature("persisted_inflight_bytes", "backpressure", "job", "bytes", "latest", "in-flight data persisted by the latest checkpoint"),
@@ -186,16 +201,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("start_delay_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY, "relative slope of the largest start delay"),
     Feature("alignment_rel_slope_per_h", "backpressure", "vertex", "1/h", _SHORT_ANY,
             "relative slope of the largest alignment duration"),
-    Feature("barrier_wait_timeout_eta_s", "backpressure", "vertex", "s", _SHORT_ANY,
-            "seconds until the vertex's barrier wait (its largest start delay plus its largest alignment, per "
-            "checkpoint) reaches the checkpoint timeout on its least-squares trend since its last change of pace (0: "
-            "at it; null: no rising trend or no timeout known)"),
-    Feature("barrier_wait_timeout_eta_low_s", "backpressure", "vertex", "s", _SHORT_ANY,
-            "the earliest of that forecast's 95 % band (the trend's steepest slope)"),
-    Feature("barrier_wait_timeout_eta_high_s", "backpressure", "vertex", "s", _SHORT_ANY,
-            "the latest of that band (the flattest slope; null where the trend may not rise at all)"),
-    Feature("barrier_wait_fitted_over_s", "backpressure", "vertex", "s", _SHORT_ANY,
-            "the span of checkpoints that forecast is fitted over"),
+    *_timeout_forecast_features(BARRIER_WAIT_FORECAST_COLUMNS, "backpressure", "vertex", _SHORT_ANY,
+                                "the vertex's barrier wait (its largest start delay plus its largest alignment, per "
+                                "checkpoint)"),
     # --- skew, vertex level ----------------------------------------------------------------------
     Feature("records_in_max_over_mean", "skew", "vertex", "ratio", _POLLS, "busiest subtask's input rate over the mean"),
     Feature("records_in_cv", "skew", "vertex", "ratio", _POLLS, "coefficient of variation of subtask input rates"),

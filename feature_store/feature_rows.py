@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from feature_store import trajectory as growth
-from feature_store.definitions import VERTEX_FEATURES
+from feature_store.definitions import BARRIER_WAIT_FORECAST_COLUMNS, TIMEOUT_FORECAST_COLUMNS, VERTEX_FEATURES
 from feature_store.numeric import (
     LongTimes,
     barrier_wait,
@@ -158,22 +158,16 @@ class FeatureRows:
 
     def _timeout_forecast(self, _: str) -> dict[str, float | None]:
         """When completed checkpoints' duration reaches the checkpoint timeout, on its trend."""
-        eta = growth.limit_eta(self.durations, self.status.get("checkpoint_timeout_ms"))
-        return _floats({"checkpoint_timeout_ms": self.status.get("checkpoint_timeout_ms"),
-                        "checkpoint_timeout_eta_s": eta and eta["eta_s"],
-                        "checkpoint_timeout_eta_low_s": eta and eta["eta_low_s"],
-                        "checkpoint_timeout_eta_high_s": eta and eta["eta_high_s"],
-                        "checkpoint_duration_fitted_over_s": eta and eta["fitted_over_s"]})
+        timeout = self.status.get("checkpoint_timeout_ms")
+        return _floats({"checkpoint_timeout_ms": timeout,
+                        **_forecast_columns(growth.limit_eta(self.durations, timeout), TIMEOUT_FORECAST_COLUMNS)})
 
     def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
         """When a vertex's barrier wait (largest start delay plus largest alignment) reaches the
         checkpoint timeout, on its trend over its last checkpoints, completed or failed."""
         waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]
         eta = growth.limit_eta(waits, self.status.get("checkpoint_timeout_ms"))
-        return _floats({"barrier_wait_timeout_eta_s": eta and eta["eta_s"],
-                        "barrier_wait_timeout_eta_low_s": eta and eta["eta_low_s"],
-                        "barrier_wait_timeout_eta_high_s": eta and eta["eta_high_s"],
-                        "barrier_wait_fitted_over_s": eta and eta["fitted_over_s"]})
+        return _floats(_forecast_columns(eta, BARRIER_WAIT_FORECAST_COLUMNS))
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""
@@ -333,3 +327,8 @@ NO_POLLS = PollFeatures(dict.fromkeys(("busy_max", "busy_mean", "backpressured_m
                                        "records_in_hot_excess", "busy_reported")), None, None, None, None, 0.0)
 # The vertex features of a job's own row.
 NO_VERTEX_FEATURES = dict.fromkeys(VERTEX_FEATURES)
+
+
+def _forecast_columns(eta: dict | None, columns: tuple[str, str, str, str]) -> dict[str, float | None]:
+    """A ``trajectory.limit_eta`` forecast (None: none) as its features' columns."""
+    return dict(zip(columns, (eta and eta[key] for key in ("eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"))))
