@@ -148,7 +148,7 @@ def read_ground_truth(spark: SparkSession, paths: Sequence[str | Path]) -> DataF
     """Ground-truth lines (one per job, as the simulator and the lab write them)."""
     schema = ("cluster string, job_id string, job_name string, scenario string, family string, "
               "start_ts long, end_ts long, faults array<struct<family: string, onset_ts: long, "
-              "vertex_id: string, vertex_name: string, subtask_index: long, description: string>>")
+              "vertex_id: string, vertex_name: string, subtask_index: long, description: string, end_ts: long>>")
     return spark.read.schema(schema).json([str(p) for p in paths])
 
 

@@ -56,11 +56,16 @@ def test_labels_are_point_in_time_and_localised(spark, tmp_path):
               "faults": [{"family": "state_leak", "onset_ts": T0 + 50, "vertex_id": "v-leaky", "vertex_name": "W",
                           "subtask_index": None, "description": ""}]},
              {"cluster": "c", "job_id": "j2", "job_name": "b", "scenario": "healthy_steady", "family": "healthy",
-              "start_ts": T0, "end_ts": T0 + 100, "faults": []}]
+              "start_ts": T0, "end_ts": T0 + 100, "faults": []},
+             {"cluster": "c", "job_id": "j3", "job_name": "c", "scenario": "lab_leak_fixed", "family": "state_leak",
+              "start_ts": T0, "end_ts": T0 + 100,
+              "faults": [{"family": "state_leak", "onset_ts": T0, "vertex_id": "v-leaky", "vertex_name": "W",
+                          "subtask_index": None, "description": "fixed at 60", "end_ts": T0 + 60}]}]
     path = tmp_path / "truth.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in truth))
     rows = [{"cluster": "c", "job_id": "j1", "vertex_id": vid, "ts": T0 + t}
             for t in (10, 50, 90) for vid in (None, "v-leaky", "v-other")]
+    rows += [{"cluster": "c", "job_id": "j3", "vertex_id": "v-leaky", "ts": T0 + t} for t in (10, 59, 60, 90)]
     rows += [{"cluster": "c", "job_id": "j2", "vertex_id": None, "ts": T0 + 90},
              {"cluster": "c", "job_id": "unlabelled", "vertex_id": None, "ts": T0 + 90}]
     labelled = offline_store.label_features(feature_rows(spark, rows), offline_store.read_ground_truth(spark, [path]))
@@ -72,6 +77,9 @@ def test_labels_are_point_in_time_and_localised(spark, tmp_path):
         ("j1", None, 90): ("state_leak", T0 + 50), ("j1", "v-leaky", 90): ("state_leak", T0 + 50),
         ("j1", "v-other", 90): ("healthy", None),
         ("j2", None, 90): ("healthy", None),
+        # A fault that ends (a fixed leak) labels its rows up to the fix, not after it.
+        ("j3", "v-leaky", 10): ("state_leak", T0), ("j3", "v-leaky", 59): ("state_leak", T0),
+        ("j3", "v-leaky", 60): ("healthy", None), ("j3", "v-leaky", 90): ("healthy", None),
     }
 
 
