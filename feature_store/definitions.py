@@ -18,6 +18,7 @@ from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, Str
 
 from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS,
                                       TRAJECTORY_POINTS, WINDOW_POINTS)
+from pipelines.families.base import BARRIER_METRIC, TIMEOUT_FORECASTS, TIMEOUT_METRIC
 
 SHORT_WINDOW_CHECKPOINTS = 12
 HEAP_POLLS = 20
@@ -60,12 +61,10 @@ _HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
 
-# A forecast against the checkpoint timeout, as features: the ETA, its band's earliest and latest,
-# and the span it is fitted over (feature_store/trajectory.py's ``limit_eta``).
-TIMEOUT_FORECAST_COLUMNS = ("checkpoint_timeout_eta_s", "checkpoint_timeout_eta_low_s",
-                            "checkpoint_timeout_eta_high_s", "checkpoint_duration_fitted_over_s")
-BARRIER_WAIT_FORECAST_COLUMNS = ("barrier_wait_timeout_eta_s", "barrier_wait_timeout_eta_low_s",
-                                 "barrier_wait_timeout_eta_high_s", "barrier_wait_fitted_over_s")
+# A forecast against the checkpoint timeout, as features (feature_store/trajectory.py's
+# ``limit_eta``): the columns the families read it from.
+TIMEOUT_FORECAST_COLUMNS = TIMEOUT_FORECASTS[TIMEOUT_METRIC]
+BARRIER_WAIT_FORECAST_COLUMNS = TIMEOUT_FORECASTS[BARRIER_METRIC]
 
 
 def _timeout_forecast_features(columns: tuple[str, str, str, str], family: str, level: str, window: str,

@@ -26,7 +26,7 @@ TIMEOUT_METRIC = "checkpoint_duration_ms"
 # And of a vertex's barrier wait (start delay and alignment) against the same timeout: backpressure's.
 BARRIER_METRIC = "checkpoint_barrier_wait_ms"
 # Each metric forecast against the checkpoint timeout: its feature columns (ETA, band's low and
-# high end, the span fitted over).
+# high end, the span fitted over), declared as features in feature_store/definitions.py.
 TIMEOUT_FORECASTS = {
     TIMEOUT_METRIC: ("checkpoint_timeout_eta_s", "checkpoint_timeout_eta_low_s", "checkpoint_timeout_eta_high_s",
                      "checkpoint_duration_fitted_over_s"),
@@ -231,7 +231,7 @@ def timeout_warning(forecasts: list[dict]) -> str:
     """The sentence a warning adds to a summary, of the soonest forecast against the timeout:
     "checkpoints will exceed their 1 s timeout in ~4 min (3-6 min)", "checkpoint barriers will
     wait out their 20 s timeout in ~4 min (3-6 min)"; empty without one."""
-    timeout = next((f for f in forecasts or [] if f.get("metric") in TIMEOUT_FORECASTS), None)
+    timeout = timeout_forecast_in(forecasts, tuple(TIMEOUT_FORECASTS))
     if timeout is None:
         return ""
     limit = human_duration(timeout["limit"] / 1000)

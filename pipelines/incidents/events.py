@@ -171,7 +171,8 @@ def incident_event(kind: str, open_: OpenIncident, recent_values: list, record: 
     }
     if open_.symptoms:
         event["symptoms"] = public_symptoms(open_)
-    if kind != "resolved" and open_.warned_at is None and timeout_forecast_in(event["forecasts"], tuple(TIMEOUT_FORECASTS)):
+    warns = timeout_forecast_in(event["forecasts"], tuple(TIMEOUT_FORECASTS)) is not None
+    if kind != "resolved" and open_.warned_at is None and warns:
         open_.warned_at = ts
     event.update(prediction_fields(open_))
     if kind != "resolved":
