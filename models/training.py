@@ -61,6 +61,10 @@ ANOMALY_QUANTILES = (0.95, 0.99, 0.995, 0.999, 0.9999)
 # Each family's rule carries the guards its module declares (``Family.post_rule``, written from
 # what operators know), is calibrated over its persistence grid, and among rules equally good on
 # faults and false incidents the soonest wins by its delay statistic (pipelines/families/).
+# Sooner by less than this share of the delay (or these seconds) is a tie, and ties go to the
+# more conservative rule: a second sooner on the validation runs does not pay for a lower
+# threshold's false incidents on jobs they do not hold.
+DELAY_TIE_SHARE, DELAY_TIE_S = 0.05, 2.0
 POST_RULE_GUARDS = {family.name: family.guards for family in BY_NAME.values()}
 
 
@@ -274,17 +278,35 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
         else:
             delays = [f["delay_s"] for r in comparison.runs for f in r.found if f["family"] == family]
             delay = float(getattr(np, BY_NAME[family].delay_statistic)(delays)) if delays else math.nan
-            key = (m["faults_found"] - false, -false, -(delay if not math.isnan(delay) else 1e9))
+            key = (m["faults_found"] - false, -false)
             quality = {"faults_found": m["faults_found"], "faults": m["faults"], "false_incidents": false,
                        "delay_s_mean": round(float(np.mean(delays)), 1) if delays else math.nan,
-                       "delay_s_median": m["delay_s_median"]}
+                       "delay_s_median": m["delay_s_median"], "delay_s": delay}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
         judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
-    if not BY_NAME[family].supervised and others:
-        return _anomaly_beside(judged, base, validation, settings, {f: m for f, m in others.items() if f != family},
-                               family)
-    best = max(judged, key=lambda j: j[0])
+    if not BY_NAME[family].supervised:
+        if others:
+            return _anomaly_beside(judged, base, validation, settings,
+                                   {f: m for f, m in others.items() if f != family}, family)
+        best = max(judged, key=lambda j: j[0])
+        return best[1], best[2]
+    best = soonest_among_best(judged)
     return best[1], best[2]
+
+
+def soonest_among_best(judged: list) -> tuple:
+    """Of ``judged`` (``((key, threshold, persistence), rule, quality, ...)``; ``quality["delay_s"]``
+    is the family's delay statistic, NaN where nothing was found): the rules with the best key,
+    of them the soonest and those within :data:`DELAY_TIE_SHARE` (at least :data:`DELAY_TIE_S`)
+    of it, and of those the most conservative."""
+    top = max(j[0][0] for j in judged)
+    best = [j for j in judged if j[0][0] == top]
+    delays = [j[2]["delay_s"] for j in best if not math.isnan(j[2]["delay_s"])]
+    if delays:
+        soonest = min(delays)
+        within = soonest + max(DELAY_TIE_S, DELAY_TIE_SHARE * soonest)
+        best = [j for j in best if not math.isnan(j[2]["delay_s"]) and j[2]["delay_s"] <= within]
+    return max(best, key=lambda j: j[0])
 
 
 def _with_rule(model: LoadedDetector, rule: PostRule) -> LoadedDetector:

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from models import registry
-from models.training import gate, run_training
+from models.training import gate, run_training, soonest_among_best
 from models.validation import TrainingSetInvalid
 from pipelines import simulator
 from tests.conftest import LAB_CORPUS, config_for
@@ -35,6 +35,22 @@ def test_gate_requires_the_static_alarms_net_result_even_without_a_champion():
     ok, reasons = gate("skew", GOOD, None, {"faults_found": 4.0, "false_incidents": 0.0, "false_families_on_faulty": 0.0})
     assert ok and reasons[-1] == "no champion yet"
     assert gate("anomaly", GOOD, None, None) == (True, ["no champion yet"])
+
+
+def test_calibration_takes_the_soonest_rule_unless_a_more_conservative_one_is_as_soon():
+    def candidate(key, threshold, persistence, delay):
+        return ((key, threshold, persistence), f"t{threshold}p{persistence}", {"delay_s": delay}, None)
+
+    # Equal on faults and false incidents: 226.6 s against 227.2 s is a tie the higher threshold wins ...
+    tied = [candidate((7, -2), 0.3, 1, 226.6), candidate((7, -2), 0.6, 1, 227.2), candidate((7, -2), 0.9, 1, 260.0)]
+    assert soonest_among_best(tied)[1] == "t0.6p1"
+    # ... 30 s sooner is not, and a better key beats any delay.
+    assert soonest_among_best(tied + [candidate((7, -2), 0.4, 3, 196.0)])[1] == "t0.4p3"
+    assert soonest_among_best(tied + [candidate((8, -1), 0.8, 1, 400.0)])[1] == "t0.8p1"
+    # Short delays tie within seconds, not within a share of a second; more persistence wins a tie too.
+    short = [candidate((3, 0), 0.5, 1, 10.0), candidate((3, 0), 0.5, 3, 11.5), candidate((3, 0), 0.7, 1, 14.0)]
+    assert soonest_among_best(short)[1] == "t0.5p3"
+    assert soonest_among_best([candidate((0, 0), 0.3, 1, float("nan")), candidate((0, 0), 0.9, 1, float("nan"))])[1] == "t0.9p1"
 
 
 @pytest.fixture(scope="module")
