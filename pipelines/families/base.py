@@ -33,6 +33,7 @@ TIMEOUT_FORECASTS = {
     BARRIER_METRIC: ("barrier_wait_timeout_eta_s", "barrier_wait_timeout_eta_low_s", "barrier_wait_timeout_eta_high_s",
                      "barrier_wait_fitted_over_s"),
 }
+TIMEOUT_METRICS = tuple(TIMEOUT_FORECASTS)
 # The persistence grid a post-rule is calibrated over when its family names none of its own.
 CALIBRATION_PERSISTENCE = ((1, 1), (2, 3), (3, 4), (4, 6))
 
@@ -231,7 +232,7 @@ def timeout_warning(forecasts: list[dict]) -> str:
     """The sentence a warning adds to a summary, of the soonest forecast against the timeout:
     "checkpoints will exceed their 1 s timeout in ~4 min (3-6 min)", "checkpoint barriers will
     wait out their 20 s timeout in ~4 min (3-6 min)"; empty without one."""
-    timeout = timeout_forecast_in(forecasts, tuple(TIMEOUT_FORECASTS))
+    timeout = timeout_forecast_in(forecasts, TIMEOUT_METRICS)
     if timeout is None:
         return ""
     limit = human_duration(timeout["limit"] / 1000)

@@ -16,7 +16,7 @@ from typing import Any
 from pipelines.contracts import SCHEMA_VERSION
 from pipelines.contracts import TERMINAL_JOB_STATES as TERMINAL_STATES
 from pipelines.families import ALERTNAMES, BY_NAME
-from pipelines.families.base import TIMEOUT_FORECASTS, timeout_forecast_in
+from pipelines.families.base import TIMEOUT_METRICS, timeout_forecast_in
 from pipelines.families.registry import RECENT_COLUMNS
 from pipelines.incidents import evidence as ev
 from pipelines.incidents.policy_state import OpenIncident, Suspicion
@@ -171,7 +171,7 @@ def incident_event(kind: str, open_: OpenIncident, recent_values: list, record: 
     }
     if open_.symptoms:
         event["symptoms"] = public_symptoms(open_)
-    warns = timeout_forecast_in(event["forecasts"], tuple(TIMEOUT_FORECASTS)) is not None
+    warns = timeout_forecast_in(event["forecasts"], TIMEOUT_METRICS) is not None
     if kind != "resolved" and open_.warned_at is None and warns:
         open_.warned_at = ts
     event.update(prediction_fields(open_))
