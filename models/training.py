@@ -284,28 +284,24 @@ def calibrate_for_incidents(family: str, detector, validation: Runs, settings: P
                        "delay_s_median": m["delay_s_median"], "delay_s": delay}
         # Ties go to the more conservative rule: higher threshold, then more persistence.
         judged.append(((key, threshold, n - k + 1), rule, quality, comparison))
-    if not BY_NAME[family].supervised:
-        if others:
-            return _anomaly_beside(judged, base, validation, settings,
-                                   {f: m for f, m in others.items() if f != family}, family)
-        best = max(judged, key=lambda j: j[0])
-        return best[1], best[2]
+    if not BY_NAME[family].supervised and others:
+        return _anomaly_beside(judged, base, validation, settings, {f: m for f, m in others.items() if f != family},
+                               family)
     best = soonest_among_best(judged)
     return best[1], best[2]
 
 
 def soonest_among_best(judged: list) -> tuple:
     """Of ``judged`` (``((key, threshold, persistence), rule, quality, ...)``; ``quality["delay_s"]``
-    is the family's delay statistic, NaN where nothing was found): the rules with the best key,
-    of them the soonest and those within :data:`DELAY_TIE_SHARE` (at least :data:`DELAY_TIE_S`)
-    of it, and of those the most conservative."""
+    is a supervised family's delay statistic, NaN or absent where there is none): the rules with
+    the best key, of them the soonest and those tied with it, and of those the most conservative."""
     top = max(j[0][0] for j in judged)
     best = [j for j in judged if j[0][0] == top]
-    delays = [j[2]["delay_s"] for j in best if not math.isnan(j[2]["delay_s"])]
-    if delays:
-        soonest = min(delays)
-        within = soonest + max(DELAY_TIE_S, DELAY_TIE_SHARE * soonest)
-        best = [j for j in best if not math.isnan(j[2]["delay_s"]) and j[2]["delay_s"] <= within]
+    delays = [j[2].get("delay_s", math.nan) for j in best]
+    known = [d for d in delays if not math.isnan(d)]
+    if known:
+        within = min(known) + max(DELAY_TIE_S, DELAY_TIE_SHARE * min(known))
+        best = [j for j, d in zip(best, delays) if d <= within]
     return max(best, key=lambda j: j[0])
 
 

@@ -51,6 +51,9 @@ def test_calibration_takes_the_soonest_rule_unless_a_more_conservative_one_is_as
     short = [candidate((3, 0), 0.5, 1, 10.0), candidate((3, 0), 0.5, 3, 11.5), candidate((3, 0), 0.7, 1, 14.0)]
     assert soonest_among_best(short)[1] == "t0.5p3"
     assert soonest_among_best([candidate((0, 0), 0.3, 1, float("nan")), candidate((0, 0), 0.9, 1, float("nan"))])[1] == "t0.9p1"
+    # The anomaly rule's candidates carry no delay: the best key, then the most conservative.
+    novelty = [((k, t, 1), f"t{t}", {}, None) for k, t in (((0, 0.5), 0.3), ((0, 0.5), 0.9), ((-1, 0.9), 0.95))]
+    assert soonest_among_best(novelty)[1] == "t0.9"
 
 
 @pytest.fixture(scope="module")
