@@ -11,7 +11,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from pipelines.detection.observability import MetricsListener, ProgressListener, checkpointed_newest_event_s
 from pipelines.io.storage import Location
 from pipelines.telemetry import DetectionMetrics
-from tests.helpers.metrics import metric_names, samples
+from tests.helpers.metrics import metric_names, sample_key, samples
 from tests.helpers.waiting import wait_for
 
 
@@ -96,7 +96,11 @@ def test_the_metrics_listener_writes_the_served_registry_with_the_newest_event_s
                  .format("noop").option("checkpointLocation", str(tmp_path / "checkpoint"))
                  .trigger(availableNow=True).start())
         assert query.awaitTermination(120) and query.exception() is None
-        wait_for(lambda: listener.path.exists(), 60, every_s=0.2)
+        # The listener bus delivers progress after the query ends: wait for the file of its last batch.
+        last_batch = query.lastProgress["batchId"]
+        batch_written = sample_key("checkpoint_sentinel_batch_id", query="listened")
+        wait_for(lambda: listener.path.exists() and samples(listener.path.read_text()).get(batch_written) == last_batch,
+                 60, every_s=0.2, what="the metrics file of the query's last batch")
     finally:
         spark.streams.removeListener(listener)
     written = listener.path.read_text()
