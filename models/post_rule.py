@@ -20,10 +20,10 @@ to be warm-up unless
 Past the horizon, the leak is judged on the growth after it, as the leak family defines it
 (:func:`pipelines.families.state_leak.still_growing`: at least ``min_growth_per_h`` of itself
 per hour over a window of time with 99.9 % confidence to open, 95 % to hold, and still rising
-since its last change of pace), for ``confirm_after_horizon_s`` past the horizon (a warm-up whose plateau comes just after
-the horizon the operator declared is not a leak yet), and unless the state decelerates toward a
-plateau below its limit (:func:`~pipelines.families.state_leak.fills_below_limit`: a bounded key
-space filling). So a warm-up that reached its plateau is over however steep the climb before it
+since its last change of pace), for ``confirm_after_horizon_s`` past the horizon (a warm-up whose
+plateau comes just after the horizon the operator declared is not a leak yet), and unless the
+state decelerates toward a plateau below its limit
+(:func:`~pipelines.families.state_leak.fills_below_limit`: a bounded key space filling). So a warm-up that reached its plateau is over however steep the climb before it
 was, and a slow leak that follows a fast warm-up is one however much the growth slowed. Growth
 resumed after a plateau and a limit in reach are judged as above. And a trend fitted to fewer
 than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch) decides

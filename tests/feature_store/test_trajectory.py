@@ -56,7 +56,8 @@ def test_a_slow_leak_grows_at_any_interval(interval_s):
     verdicts = [growing(leak[:i]) for i in range(len(leak) // 2, len(leak), max(1, len(leak) // 100))]
     assert sum(verdicts) >= 0.9 * len(verdicts)
     quieter = series(lambda t, r: (2.4 * MB + 2700 * t) * (1 + 0.01 * r.gauss(0, 1)), 40 * 60, interval_s)
-    opening = [growing(quieter[:i], to_open=True) for i in range(len(quieter) // 2, len(quieter), max(1, len(quieter) // 100))]
+    checked = range(len(quieter) // 2, len(quieter), max(1, len(quieter) // 100))
+    opening = [growing(quieter[:i], to_open=True) for i in checked]
     assert sum(opening) >= 0.9 * len(opening)
 
 
