@@ -87,8 +87,6 @@ def _growth_features(prefix: str, level: str, subject: str) -> tuple[Feature, ..
         Feature(f"{prefix}growth_low_per_h", "state_leak", level, "1/h", _GROWTH,
                 f"lower 95 % bound of the relative slope of {subject} (error widened for autocorrelated residuals)"),
         Feature(f"{prefix}growth_high_per_h", "state_leak", level, "1/h", _GROWTH, "upper 95 % bound of that slope"),
-        Feature(f"{prefix}growth_opening_low_per_h", "state_leak", level, "1/h", _GROWTH,
-                "lower 99.9 % bound of that slope: the bound a leak opens on"),
         Feature(f"{prefix}recent_growth_low_per_h", "state_leak", level, "1/h", _RECENT,
                 f"lower 95 % bound of the relative slope of {subject} since its last change of pace: above 0 while "
                 "it still grows"),

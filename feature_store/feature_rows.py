@@ -285,9 +285,8 @@ class FeatureRows:
             cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(series(self.trajectory))]
         fit = cached[1]
         filling = growth.fills_toward_plateau(fit, bounds)
-        return {f"{prefix}growth_low_per_h": bounds.low if bounds else None,
-                f"{prefix}growth_high_per_h": bounds.high if bounds else None,
-                f"{prefix}growth_opening_low_per_h": bounds.opening_low if bounds else None,
+        return {f"{prefix}growth_low_per_h": bounds[1] if bounds else None,
+                f"{prefix}growth_high_per_h": bounds[2] if bounds else None,
                 f"{prefix}recent_growth_low_per_h": recent,
                 f"{prefix}filling": (1.0 if filling else 0.0) if fit is not None else None,
                 f"{prefix}plateau_bytes": fit["plateau"] if filling else None,
