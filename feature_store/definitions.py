@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
 
-from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS,
-                                      TRAJECTORY_POINTS, WINDOW_POINTS)
+from feature_store.trajectory import (FORECAST_MIN_POINTS, FORECAST_WINDOW_MS, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS,
+                                      OPENING_MIN_POINTS, RECENT_MIN_POINTS, RECENT_MIN_SPAN_MS, TRAJECTORY_POINTS,
+                                      WINDOW_POINTS)
 from pipelines.families.base import BARRIER_METRIC, TIMEOUT_FORECASTS, TIMEOUT_METRIC
 
 SHORT_WINDOW_CHECKPOINTS = 12
@@ -53,6 +54,8 @@ _SHORT_ANY = f"last {SHORT_WINDOW_CHECKPOINTS} checkpoints"  # completed or fail
 _LONG = f"completed checkpoints of the last {LONG_WINDOW_MS // 60_000} min"
 _GROWTH = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {GROWTH_MIN_POINTS}), "
            f"thinned to {WINDOW_POINTS}")
+_OPENING = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {OPENING_MIN_POINTS}), "
+            f"thinned to {WINDOW_POINTS}")
 _RECENT = (f"the growth window, after its last change of pace (at least {RECENT_MIN_SPAN_MS // 1000} s and "
            f"{RECENT_MIN_POINTS} checkpoints)")
 _FORECAST = (f"completed checkpoints of the last {FORECAST_WINDOW_MS // 60_000} min (at least "
@@ -87,6 +90,8 @@ def _growth_features(prefix: str, level: str, subject: str) -> tuple[Feature, ..
         Feature(f"{prefix}growth_low_per_h", "state_leak", level, "1/h", _GROWTH,
                 f"lower 95 % bound of the relative slope of {subject} (error widened for autocorrelated residuals)"),
         Feature(f"{prefix}growth_high_per_h", "state_leak", level, "1/h", _GROWTH, "upper 95 % bound of that slope"),
+        Feature(f"{prefix}growth_opening_low_per_h", "state_leak", level, "1/h", _OPENING,
+                f"lower 99.9 % bound of the relative slope of {subject}: the bound a leak opens on"),
         Feature(f"{prefix}recent_growth_low_per_h", "state_leak", level, "1/h", _RECENT,
                 f"lower 95 % bound of the relative slope of {subject} since its last change of pace: above 0 while "
                 "it still grows"),

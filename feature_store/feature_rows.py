@@ -274,8 +274,12 @@ class FeatureRows:
         def series(entries: list) -> list:
             return [[e[0], e[1] if key == JOB else e[2].get(key)] for e in entries]
 
-        points = series(self.growth_window)
+        # Opening a leak reads the whole buffer (at least OPENING_MIN_POINTS checkpoints); the rest
+        # its last two minutes or GROWTH_MIN_POINTS. With checkpoints every few seconds both are the same.
+        buffered = series(self.growth_window)
+        points = growth.window(buffered, growth.GROWTH_WINDOW_MS, growth.GROWTH_MIN_POINTS)
         bounds = growth.growth_bounds(points)
+        opening = bounds if len(points) == len(buffered) else growth.growth_bounds(buffered)
         recent = growth.recent_growth_low(points)
         # Refitted every few points the history gains (or when it is thinned), not at every checkpoint.
         stamp = [len(self.trajectory) // growth.REFIT_POINTS, self.trajectory_spacing_ms,
@@ -285,8 +289,9 @@ class FeatureRows:
             cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(series(self.trajectory))]
         fit = cached[1]
         filling = growth.fills_toward_plateau(fit, bounds)
-        return {f"{prefix}growth_low_per_h": bounds[1] if bounds else None,
-                f"{prefix}growth_high_per_h": bounds[2] if bounds else None,
+        return {f"{prefix}growth_low_per_h": bounds.low if bounds else None,
+                f"{prefix}growth_high_per_h": bounds.high if bounds else None,
+                f"{prefix}growth_opening_low_per_h": opening.opening_low if opening else None,
                 f"{prefix}recent_growth_low_per_h": recent,
                 f"{prefix}filling": (1.0 if filling else 0.0) if fit is not None else None,
                 f"{prefix}plateau_bytes": fit["plateau"] if filling else None,

@@ -114,8 +114,9 @@ class JobFeatureState(FeatureRows):
     retired_max: dict = field(default_factory=dict)  # JOB or vid: largest state that left the short window
     plateau: dict = field(default_factory=dict)  # JOB or vid: the highest level its state held flat
     recent: list = field(default_factory=list)  # completed entries of the last FLAT_MIN_SPAN_MS * 1.5, thinned
-    # The growth test's window (growth.GROWTH_WINDOW_MS, or the last GROWTH_MIN_POINTS checkpoints
-    # if they come slower), thinned: [ts, total, {vid: state}].
+    # The growth test's window (growth.GROWTH_WINDOW_MS, or the last OPENING_MIN_POINTS checkpoints
+    # if they come slower: the opening bound's; holding reads its last GROWTH_MIN_POINTS), thinned:
+    # [ts, total, {vid: state}].
     growth_window: list = field(default_factory=list)
     # The state's history since the job was first seen, halved when full: [ts, total, {vid: state}].
     trajectory: list = field(default_factory=list)
@@ -335,7 +336,7 @@ class JobFeatureState(FeatureRows):
         growth.thin_append(window, point, growth.GROWTH_WINDOW_MS / growth.WINDOW_POINTS)
         start = ts - growth.GROWTH_WINDOW_MS
         keep = next((i for i, e in enumerate(window) if e[0] >= start), len(window))
-        del window[:min(keep, max(0, len(window) - growth.GROWTH_MIN_POINTS))]
+        del window[:min(keep, max(0, len(window) - growth.OPENING_MIN_POINTS))]
         if growth.thin_append(self.trajectory, point, self.trajectory_spacing_ms):
             if len(self.trajectory) > growth.TRAJECTORY_POINTS:
                 self.trajectory = growth.halve(self.trajectory)

@@ -5,11 +5,14 @@ Two questions a leak detector must answer without being fooled by noise:
 * **Does the state still grow?** :func:`growth_bounds` fits a line to the state over a window of
   *time* (:data:`GROWTH_WINDOW_MS`, extended to :data:`GROWTH_MIN_POINTS` checkpoints when they
   come slower than that), so it means the same at a 200 ms and a 60 s interval, and returns the
-  relative slope with its confidence bounds. Checkpoint sizes wobble with the input and with
-  RocksDB's flushes, and consecutive wobbles are alike, so the slope's standard error is widened
-  by the residuals' lag-1 autocorrelation (fewer independent points than checkpoints). A flat
-  state's wiggle gives bounds around zero; a slow leak's bounds sit above zero once the window
-  has seen enough of it.
+  relative slope with its confidence bounds: 95 % to hold an open leak, 99.9 % to open one (asked
+  at every checkpoint, a 95 % bound reads a flat state as growing about once an hour), over at
+  least :data:`OPENING_MIN_POINTS` checkpoints (a strict quantile on few points would hold a real
+  leak back for minutes). Checkpoint
+  sizes wobble with the input and with RocksDB's flushes, and consecutive wobbles are alike, so
+  the slope's standard error is widened by the residuals' lag-1 autocorrelation (fewer
+  independent points than checkpoints). A flat state's wiggle gives bounds around zero; a slow
+  leak's bounds sit above zero once the window has seen enough of it.
 * **What shape is the growth?** :func:`trajectory_fit` compares, over the job's history, a line
   with growth that decelerates toward an asymptote (``A - B exp(-t / tau)``: a bounded key space
   filling, windows filling, TTLs beginning to expire). When the saturating curve explains the
@@ -24,13 +27,14 @@ the growth window, numpy for the history's curve fits.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 GROWTH_WINDOW_MS = 120_000  # "still growing": the slope over the last two minutes
 RECENT_MIN_SPAN_MS = 15_000  # growth since its last change of pace, over at least this long
 GROWTH_MIN_POINTS = 10  # the window reaches back at least this many checkpoints (a 60 s interval: ten minutes)
+OPENING_MIN_POINTS = 20  # and to open a leak, at least this many (a 10 s interval: 200 s)
 RECENT_MIN_POINTS = 4
 WINDOW_POINTS = 40  # the growth window's buffer is thinned to about this many points
 TRAJECTORY_POINTS = 64  # the history's buffer: thinned by halves to at most this many points
@@ -54,16 +58,40 @@ MIN_AUTOCORRELATION, MAX_AUTOCORRELATION = 0.0, 0.9
 # Two-sided 95 % quantiles of Student's t by degrees of freedom (2.0 beyond the table).
 _T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
         12: 2.18, 15: 2.13, 20: 2.09, 30: 2.04}
+# Two-sided 99.9 % quantiles (3.29 beyond the table): the bound a leak opens on. The test is asked
+# at every checkpoint, some thirty independent two-minute windows a job-hour: a one-sided 2.5 % error
+# is a flat state read as growing about once an hour, 0.05 % about once in seventy job-hours.
+_T999 = {1: 636.6, 2: 31.60, 3: 12.92, 4: 8.61, 5: 6.87, 6: 5.96, 7: 5.41, 8: 5.04, 9: 4.78, 10: 4.59,
+         12: 4.32, 15: 4.07, 20: 3.85, 30: 3.65, 40: 3.55, 60: 3.46, 120: 3.37}
+
+
+def _t_quantile(table: dict[int, float], beyond: float, dof: int) -> float:
+    """The table's quantile for ``dof`` degrees of freedom: its entry at or below it (conservative
+    between entries), ``beyond`` past its last."""
+    if dof <= 0:
+        return math.inf
+    if dof > max(table):
+        return beyond
+    return table[max(d for d in table if d <= dof)]
 
 
 def t95(dof: int) -> float:
-    """Student's t two-sided 95 % quantile for ``dof`` degrees of freedom (the table's entry at or
-    below it: conservative between entries)."""
-    if dof <= 0:
-        return math.inf
-    if dof > 30:
-        return 2.0
-    return _T95[max(d for d in _T95 if d <= dof)]
+    """Student's t two-sided 95 % quantile for ``dof`` degrees of freedom."""
+    return _t_quantile(_T95, 2.0, dof)
+
+
+def t999(dof: int) -> float:
+    """Student's t two-sided 99.9 % quantile for ``dof`` degrees of freedom."""
+    return _t_quantile(_T999, 3.29, dof)
+
+
+class GrowthBounds(NamedTuple):
+    """A window's relative slope per hour with its bounds: 95 % (``low``, ``high``) and the
+    99.9 % lower bound (``opening_low``)."""
+    slope: float
+    low: float
+    high: float
+    opening_low: float
 
 
 def window(points: Sequence[Sequence[float]], span_ms: float, min_points: int) -> list:
@@ -77,11 +105,11 @@ def window(points: Sequence[Sequence[float]], span_ms: float, min_points: int) -
     return list(points[min(first, max(0, len(points) - min_points)):])
 
 
-def growth_bounds(points: Sequence[Sequence[float]]) -> tuple[float, float, float] | None:
-    """(slope, lower, upper): the least-squares slope of ``points`` (``[(ts_ms, value), ...]``,
-    None values skipped) per hour relative to their mean, with its 95 % confidence bounds widened
-    for autocorrelated residuals; None with fewer than three points, no spread in time or a mean
-    that is not positive."""
+def growth_bounds(points: Sequence[Sequence[float]]) -> GrowthBounds | None:
+    """The least-squares slope of ``points`` (``[(ts_ms, value), ...]``, None values skipped) per
+    hour relative to their mean, with its 95 % confidence bounds and its 99.9 % lower bound, the
+    standard error widened for autocorrelated residuals; None with fewer than three points, no
+    spread in time or a mean that is not positive."""
     xs, ys = [], []
     for point in points:
         if point[1] is not None:
@@ -106,7 +134,7 @@ def growth_bounds(points: Sequence[Sequence[float]]) -> tuple[float, float, floa
     rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, lag / rss)) if rss > 0 else 0.0
     se = math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
     half = t95(n - 2) * se
-    return slope / my, (slope - half) / my, (slope + half) / my
+    return GrowthBounds(slope / my, (slope - half) / my, (slope + half) / my, (slope - t999(n - 2) * se) / my)
 
 
 def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:

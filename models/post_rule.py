@@ -19,12 +19,13 @@ to be warm-up unless
 
 Past the horizon, the leak is judged on the growth after it, as the leak family defines it
 (:func:`pipelines.families.state_leak.still_growing`: at least ``min_growth_per_h`` of itself
-per hour over a window of time with 95 % confidence, and still rising since its last change of
-pace), for ``confirm_after_horizon_s`` past the horizon (a warm-up whose plateau comes just after
-the horizon the operator declared is not a leak yet), and unless the state decelerates toward a
-plateau below its limit (:func:`~pipelines.families.state_leak.fills_below_limit`: a bounded key
-space filling). So a warm-up that reached its plateau is over however steep the climb before it
-was, and a slow leak that follows a fast warm-up is one however much the growth slowed. Growth
+per hour over a window of time with 95 % confidence, to open also with 99.9 % confidence over at
+least twenty checkpoints, and still rising since its last change of pace), for
+``confirm_after_horizon_s`` past the horizon (a warm-up whose plateau comes just after the horizon
+the operator declared is not a leak yet), and unless the state decelerates toward a plateau
+below its limit (:func:`~pipelines.families.state_leak.fills_below_limit`: a bounded key space
+filling). So a warm-up that reached its plateau is over however steep the climb before it was,
+and a slow leak that follows a fast warm-up is one however much the growth slowed. Growth
 resumed after a plateau and a limit in reach are judged as above. And a trend fitted to fewer
 than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch) decides
 nothing.
@@ -217,18 +218,20 @@ class PostRule:
             running |= age < self.startup_s
         return running
 
-    def past_warmup(self, frame: pd.DataFrame, horizon_s: float | np.ndarray) -> np.ndarray:
-        """Where the warm-up guard leaves the decision to the score, at every row of ``frame``."""
+    def past_warmup(self, frame: pd.DataFrame, horizon_s: float | np.ndarray, to_open: bool = True) -> np.ndarray:
+        """Where the warm-up guard leaves the decision to the score, at every row of ``frame``
+        (with the growth certain enough to open a leak, or, ``to_open`` False, to hold one)."""
         columns = {name: (frame[name].to_numpy(dtype="float64") if name in frame else np.full(len(frame), np.nan))
                    for name in GUARD_COLUMNS}
-        return self._past_warmup(columns, np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (len(frame),)))
+        return self._past_warmup(columns, np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (len(frame),)),
+                                 to_open)
 
-    def _past_warmup(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
+    def _past_warmup(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray, to_open: bool = True) -> np.ndarray:
         """True where the warm-up guard lets a decision through (NaN: unknown)."""
         age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
         over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
         resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
-        growing = self._growing(c) & ~fills_below_limit(c)
+        growing = self._growing(c, to_open) & ~fills_below_limit(c)
         confirmed = age >= horizon_s + self.confirm_after_horizon_s
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
@@ -241,9 +244,9 @@ class PostRule:
         when a score dips while it still grows (:meth:`_growing`)."""
         return self.warmup_guard and bool(self._growing({c: np.array([_value(row, c)]) for c in GROWTH_COLUMNS})[0])
 
-    def _growing(self, c: Mapping[str, np.ndarray]) -> np.ndarray:
+    def _growing(self, c: Mapping[str, np.ndarray], to_open: bool = False) -> np.ndarray:
         """Where the state still grows (the leak family's definition, at ``min_growth_per_h``)."""
-        return still_growing(c, self.min_growth_per_h)
+        return still_growing(c, self.min_growth_per_h, to_open)
 
     # --- persistence ------------------------------------------------------------------------------
 

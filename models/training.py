@@ -131,7 +131,9 @@ def fit_rows(frame: pd.DataFrame, family: str, settings: PolicySettings) -> pd.D
     if not BY_NAME[family].warmup_guarded:
         return frame
     horizon = frame["job_name"].map(lambda name: settings.for_job(name).warmup_horizon_s).to_numpy(dtype="float64")
-    decided_by_score = PostRule(**POST_RULE_GUARDS[family]).past_warmup(frame, horizon)
+    # The rows where growth is plausible (95 %): flat states that wobble into a chance reading are
+    # what the detector must learn to score low, though the rule opens only on growth at 99.9 %.
+    decided_by_score = PostRule(**POST_RULE_GUARDS[family]).past_warmup(frame, horizon, to_open=False)
     interval = frame["checkpoint_interval_ms"].astype("float64").fillna(0.0)
     since_onset = frame["ts"].astype("float64") - frame["onset_ts"].astype("float64")
     in_grace = ((frame["label"] == family) & (since_onset < SHORT_WINDOW_CHECKPOINTS * interval).fillna(False)).to_numpy()

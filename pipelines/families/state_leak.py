@@ -26,13 +26,14 @@ LIMIT_COLUMNS = ("vertex_state_size_bytes", "state_size_bytes", "vertex_state_re
 # Each is the vertex's where known, else the job's (feature_store/trajectory.py computes them).
 GROWTH_LOW = ("vertex_state_growth_low_per_h", "state_growth_low_per_h")
 GROWTH_HIGH = ("vertex_state_growth_high_per_h", "state_growth_high_per_h")
+GROWTH_OPENING_LOW = ("vertex_state_growth_opening_low_per_h", "state_growth_opening_low_per_h")
 RECENT_GROWTH_LOW = ("vertex_state_recent_growth_low_per_h", "state_recent_growth_low_per_h")
 FILLING = ("vertex_state_filling", "state_filling")
 PLATEAU_ETA = ("vertex_state_plateau_eta_s", "state_plateau_eta_s")
 PLATEAU = ("vertex_state_plateau_bytes", "state_plateau_bytes")
 SIZE = ("vertex_state_size_bytes", "state_size_bytes")
 OVER_PRIOR_MAX = ("vertex_state_over_prior_max", "state_over_prior_max")
-GROWTH_COLUMNS = GROWTH_LOW + RECENT_GROWTH_LOW + OVER_PRIOR_MAX
+GROWTH_COLUMNS = GROWTH_LOW + GROWTH_OPENING_LOW + RECENT_GROWTH_LOW + OVER_PRIOR_MAX
 SHAPE_COLUMNS = FILLING + PLATEAU_ETA + PLATEAU + SIZE + ("vertex_limit_ratio", "limit_ratio", "limit_eta_s")
 
 
@@ -40,15 +41,20 @@ def _pick(c: Mapping[str, np.ndarray], names: tuple[str, str]) -> np.ndarray:
     return vertex_else_job(c[names[0]], c[names[1]])
 
 
-def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float) -> np.ndarray:
+def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float, to_open: bool = False) -> np.ndarray:
     """Where the state still grows: over the growth window (two minutes of checkpoints, at least
     ten) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, since its last
     change of pace by more than nothing with 95 % confidence, and to a new high (above every
-    state before the last checkpoints). Noise on a flat state leaves the first bound below the
-    minimum; TTL-bounded state that wanders with its input rate climbs for a minute or two but
-    within the range it held before; a state that stopped fails the second within a few
-    checkpoints. Unknown (too few checkpoints): not growing."""
+    state before the last checkpoints). For a leak ``to_open``, also with 99.9 % confidence over
+    the same two minutes or at least twenty checkpoints: the test is asked at every checkpoint,
+    and a leak that opens on one chance reading stays open while the state wobbles. Noise on a
+    flat state leaves the first bound below the minimum; TTL-bounded state that wanders with its
+    input rate climbs for a minute or two but within the range it held before; a state that
+    stopped fails the second within a few checkpoints. Unknown (too few checkpoints): not
+    growing."""
     low = np.nan_to_num(_pick(c, GROWTH_LOW), nan=-np.inf)
+    if to_open:
+        low = np.minimum(low, np.nan_to_num(_pick(c, GROWTH_OPENING_LOW), nan=-np.inf))
     recent = np.nan_to_num(_pick(c, RECENT_GROWTH_LOW), nan=-np.inf)
     # Null before anything left the short window: nothing to be above yet.
     new_high = np.nan_to_num(_pick(c, OVER_PRIOR_MAX), nan=np.inf) >= 1.0

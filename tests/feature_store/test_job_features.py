@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import asdict
 
 import orjson
@@ -12,6 +13,7 @@ from feature_store.compute import OUTPUT_COLUMNS
 from feature_store.definitions import FEATURE_NAMES, FEATURES, JOB_FEATURES, VERTEX_FEATURES, markdown_table
 from feature_store.job_features import LATE, JobFeatureState, features_for_events
 from feature_store.numeric import linear_fit, long_trends, relative_trend
+from feature_store.trajectory import growth_bounds
 
 JOB = "0123456789abcdef0123456789abcdef"
 T0 = 1_700_000_000_000
@@ -108,6 +110,25 @@ def test_leak_features_of_a_linear_series():
     assert vertex["state_max_over_mean"] == pytest.approx(225 / 150)
     assert vertex["state_cv"] == pytest.approx(75 / 150)
     assert vertex["hot_subtask"] == 1
+
+
+def test_the_growth_test_holds_on_two_minutes_and_opens_on_at_least_twenty_checkpoints():
+    """Checkpoints every 10 s: the 95 % bounds read the last two minutes (13 checkpoints), the
+    99.9 % bound a leak opens on the last twenty; with checkpoints every 5 s both read the same
+    two minutes."""
+    rng = random.Random(3)
+    for step_ms, held, opened in ((10_000, 13, 20), (5_000, 25, 25)):
+        # Five minutes of a state growing 2 KB/s on 10 MB, with 0.2 % noise.
+        events = [status(T0 - 1, interval=step_ms)]
+        events += [checkpoint(T0 + i * step_ms, round(10_000_000 + 2 * i * step_ms + 20_000 * rng.gauss(0, 1)))
+                   for i in range(300_000 // step_ms)]
+        points = [[e["ts"], e["state_size_bytes"]] for e in events[1:]]
+        job = rows_at(events, vertex=None)
+        hold, opening = growth_bounds(points[-held:]), growth_bounds(points[-opened:])
+        assert job["state_growth_low_per_h"] == pytest.approx(hold.low)
+        assert job["state_growth_high_per_h"] == pytest.approx(hold.high)
+        assert job["state_growth_opening_low_per_h"] == pytest.approx(opening.opening_low)
+        assert opening.opening_low < opening.low
 
 
 def test_deceleration_tells_a_levelling_warmup_from_a_leak():

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, TRAJECTORY_POINTS, fills_toward_plateau,
-                                      growth_bounds, halve, line_eta_band, recent_growth_low, t95, trajectory_fit, window)
+from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS, TRAJECTORY_POINTS,
+                                      fills_toward_plateau, growth_bounds, halve, line_eta_band, recent_growth_low, t95,
+                                      t999, trajectory_fit, window)
 
 MB = 1024 * 1024
 
@@ -19,11 +20,15 @@ def series(f, seconds: float, interval_s: float, seed: int = 0) -> list[list[flo
     return [[round(i * interval_s * 1000), f(i * interval_s, rng)] for i in range(1, int(seconds / interval_s) + 1)]
 
 
-def growing(points) -> bool:
-    """The leak family's test at 5 %/h: the window's lower bound, and growth since its last change of pace."""
+def growing(points, to_open: bool = False) -> bool:
+    """The leak family's test at 5 %/h: the window's 95 % lower bound (to open a leak, also the
+    99.9 % one over at least OPENING_MIN_POINTS checkpoints), and growth since its last change of
+    pace."""
     recent = window(points, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)
     bounds, since = growth_bounds(recent), recent_growth_low(recent)
-    return bool(bounds and since is not None and bounds[1] >= 0.05 and since > 0)
+    opening = growth_bounds(window(points, GROWTH_WINDOW_MS, OPENING_MIN_POINTS))
+    certain = not to_open or (opening is not None and opening.opening_low >= 0.05)
+    return bool(bounds and since is not None and bounds.low >= 0.05 and since > 0 and certain)
 
 
 def thinned(points, n=TRAJECTORY_POINTS):
@@ -39,12 +44,34 @@ def test_a_flat_state_that_wiggles_does_not_grow_at_any_interval(interval_s):
     assert not any(verdicts)
 
 
+@pytest.mark.parametrize("seed", [4, 5])
+def test_an_hour_of_a_noisy_flat_state_reads_as_growing_now_and_then_but_never_opens_a_leak(seed):
+    flat = series(lambda t, r: 300 * MB * (1 + 0.01 * r.gauss(0, 1)), 60 * 60, 3.0, seed=seed)
+    checked = range(GROWTH_MIN_POINTS, len(flat))  # every checkpoint of the hour
+    assert sum(growing(flat[:i]) for i in checked) > 0  # the 95 % bound that holds an open leak is fooled
+    assert not any(growing(flat[:i], to_open=True) for i in checked)
+
+
 @pytest.mark.parametrize("interval_s", [0.2, 3.0, 60.0])
 def test_a_slow_leak_grows_at_any_interval(interval_s):
-    # 2.7 KB/s on a few MB: over 100 %/h, with RocksDB-like 2 % noise.
+    # 2.7 KB/s on a few MB: over 100 %/h, with RocksDB-like 2 % noise; to open, with 1 %.
     leak = series(lambda t, r: (2.4 * MB + 2700 * t) * (1 + 0.02 * r.gauss(0, 1)), 40 * 60, interval_s)
     verdicts = [growing(leak[:i]) for i in range(len(leak) // 2, len(leak), max(1, len(leak) // 100))]
     assert sum(verdicts) >= 0.9 * len(verdicts)
+    quieter = series(lambda t, r: (2.4 * MB + 2700 * t) * (1 + 0.01 * r.gauss(0, 1)), 40 * 60, interval_s)
+    checked = range(len(quieter) // 2, len(quieter), max(1, len(quieter) // 100))
+    opening = [growing(quieter[:i], to_open=True) for i in checked]
+    assert sum(opening) >= 0.9 * len(opening)
+
+
+def test_a_leak_with_slow_checkpoints_opens_soon_after_the_95_percent_bound_reads_it():
+    # Checkpoints every 10 s: twelve in the two-minute window, too few for a 99.9 % bound alone
+    # (t = 4.59 at ten degrees of freedom); the opening window reaches back twenty.
+    for seed in range(3):
+        leak = series(lambda t, r: 50 * MB * (1 + 0.003 * r.gauss(0, 1)) + 5000 * max(0.0, t - 600), 3600, 10.0, seed)
+        first = [next(p[0] for i, p in enumerate(leak) if i >= 3 and growing(leak[:i + 1], to_open)) / 1000
+                 for to_open in (False, True)]
+        assert 600 < first[0] <= first[1] <= first[0] + 120, first
 
 
 def test_growth_that_stops_reads_as_stopped_within_a_few_checkpoints_not_a_window_later():
@@ -56,13 +83,13 @@ def test_growth_that_stops_reads_as_stopped_within_a_few_checkpoints_not_a_windo
 
 def test_the_slope_s_bounds_widen_with_noise_and_hold_the_true_slope():
     line = series(lambda t, r: 1e6 + 100 * t + 5_000 * r.gauss(0, 1), 120, 2.0)
-    slope, low, high = growth_bounds(line)
+    slope, low, high, opening_low = growth_bounds(line)
     true = 100 * 3600 / (1e6 + 100 * 61)  # per hour, over the mean
-    assert low < true < high and low < slope < high
+    assert opening_low < low < true < high and low < slope < high
     quiet = growth_bounds(series(lambda t, r: 1e6 + 100 * t + 50 * r.gauss(0, 1), 120, 2.0))
     assert quiet[2] - quiet[1] < (high - low) / 10
     assert growth_bounds([[0, 1.0], [1, 2.0]]) is None  # too few points
-    assert t95(3) > t95(30) > 1.9
+    assert t95(3) > t95(30) > 1.9 and t999(30) > t95(30) and t999(1000) > 3.2
 
 
 @pytest.mark.parametrize("tau_s", [40, 90, 300])

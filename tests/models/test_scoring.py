@@ -55,21 +55,25 @@ def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_pla
     frame = pd.DataFrame({
         "cluster": "c", "vertex_id": "v", "ts": 1, "score": 0.9,
         "job_id": ["young", "old", "unknown-age", "young-resumed", "young-near-limit", "young-far-limit",
-                   "old-plateaued", "old-plateaued-but-resumed", "old-slow-leak-after-a-fast-warm-up"],
-        "job_age_s": [100.0, 400.0, None, 100.0, 100.0, 100.0, 400.0, 400.0, 400.0], "job_age_checkpoints": 30,
+                   "old-plateaued", "old-plateaued-but-resumed", "old-slow-leak-after-a-fast-warm-up",
+                   "old-growing-at-95-percent-only"],
+        "job_age_s": [100.0, 400.0, None, 100.0, 100.0, 100.0, 400.0, 400.0, 400.0, 400.0], "job_age_checkpoints": 30,
         # Above a plateau it held (null: it never held one).
-        "vertex_state_over_plateau": [None, None, None, 1.2, None, None, 1.01, 1.3, 1.0],
+        "vertex_state_over_plateau": [None, None, None, 1.2, None, None, 1.01, 1.3, 1.0, None],
         # Its growth over the last checkpoints, per hour (past the horizon, a leak still grows now).
-        "vertex_state_rel_slope_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5],
-        # Its growth's lower bounds over the window and since its last change of pace (the leak family's test).
-        "vertex_state_growth_low_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5],
-        "vertex_state_recent_growth_low_per_h": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -0.01, 0.0, 1.0],
+        "vertex_state_rel_slope_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5, 0.2],
+        # Its growth's lower bounds over the window (95 %, and the 99.9 % a leak opens on) and since
+        # its last change of pace (the leak family's test).
+        "vertex_state_growth_low_per_h": [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.01, 0.01, 1.5, 0.1],
+        "vertex_state_growth_opening_low_per_h": [1.5, 1.5, 1.5, 1.5, 1.5, 1.5, -0.01, -0.01, 1.1, 0.0],
+        "vertex_state_recent_growth_low_per_h": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -0.01, 0.0, 1.0, 0.1],
         # The slow leak's growth fell to a fifth of the warm-up's: still a leak.
-        "vertex_state_deceleration": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.2],
+        "vertex_state_deceleration": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.2, 1.0],
         # The limit is reached within what is left of the 180 s horizon (80 s), or not.
-        "limit_eta_s": [None, None, None, None, 60.0, 600.0, None, None, None],
+        "limit_eta_s": [None, None, None, None, 60.0, 600.0, None, None, None, None],
     })
-    expected = [False, True, False, True, True, False, False, True, True]
+    # Growth that is certain at 95 % but not at 99.9 % does not open a leak (it would hold an open one).
+    expected = [False, True, False, True, True, False, False, True, True, False]
     assert rule.decisions(frame, horizon_s=180.0).tolist() == expected
     # The streaming decision applies the same guard to the row it decides on.
     assert [rule.decide([0.9], row, horizon_s=180.0) for row in frame.to_dict("records")] == expected
@@ -78,7 +82,7 @@ def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_pla
     assert rule.decisions(frame, horizon_s=3600.0).tolist()[1] is False
     assert rule.decisions(frame, horizon_s=60.0).tolist()[0] is True
     # A trend of the first few checkpoints seen decides nothing, however old the job.
-    assert rule.decisions(frame.assign(job_age_checkpoints=3), horizon_s=180.0).tolist() == [False] * 9
+    assert rule.decisions(frame.assign(job_age_checkpoints=3), horizon_s=180.0).tolist() == [False] * len(frame)
     # A configured limit's forecast (passed in by the policy) counts like the job's own.
     assert rule.decide([0.9], frame.iloc[0].to_dict(), horizon_s=180.0, limit_eta_s=30.0)
     assert rule.decide([0.9]) and not rule.decide([0.1], frame.iloc[1].to_dict())

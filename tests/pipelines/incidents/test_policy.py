@@ -187,7 +187,8 @@ def test_operator_knowledge_per_job_overrides_the_defaults():
     young_growth = {"job_age_s": [60.0, 120.0, 240.0, 300.0], "job_age_checkpoints": 20, "vertex_state_deceleration": 1.0,
                     "vertex_state_over_plateau": None,
                     "vertex_state_size_bytes": 1e6, "vertex_state_rel_slope_per_h": 20.0,
-                    "vertex_state_growth_low_per_h": 19.0, "vertex_state_recent_growth_low_per_h": 18.0}
+                    "vertex_state_growth_low_per_h": 19.0, "vertex_state_growth_opening_low_per_h": 18.0,
+                    "vertex_state_recent_growth_low_per_h": 18.0}
     guarded = {**RULES, "state_leak": PostRule(0.5, 1, 1, warmup_guard=True)}
     rows, scores = rows_and_scores([(m, 0.9) for m in range(4)], **young_growth)
     # The default 180 s horizon: growth past it is a leak.
@@ -361,11 +362,14 @@ def test_a_leak_stays_open_while_its_state_still_grows_though_its_score_dips_and
     minutes = list(range(4, 40))
     scores = [0.9 if m < 6 else 0.1 for m in minutes]
     # Growing 150 %/h (its lower bound), then a plateau from minute 25: no growth since its last change of pace.
+    # Growth certain enough to open a leak (99.9 %) only at first: an open leak holds on the 95 % bound.
     low = [1.5 if m < 25 else 0.001 for m in minutes]
+    opening_low = [1.0 if m < 6 else 0.0 for m in minutes]
     recent = [1.2 if m < 25 else -0.02 for m in minutes]
     rows, scored = rows_and_scores(list(zip(minutes, scores)), job_age_s=[m * 60.0 for m in minutes],
                                    job_age_checkpoints=50, vertex_state_over_plateau=None, vertex_state_size_bytes=1e6,
-                                   vertex_state_growth_low_per_h=low, vertex_state_recent_growth_low_per_h=recent)
+                                   vertex_state_growth_low_per_h=low, vertex_state_growth_opening_low_per_h=opening_low,
+                                   vertex_state_recent_growth_low_per_h=recent)
     events = step({}, rows, scored, guarded, SETTINGS)
     assert [(e["event"], e["updated_at"] // MIN) for e in events] == [("opened", 4), ("resolved", 35)]
     assert events[-1]["resolution"] == "levelled_off"
