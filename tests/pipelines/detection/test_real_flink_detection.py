@@ -104,7 +104,8 @@ def test_the_detectors_find_every_fault_with_no_false_incident_and_beat_the_stat
     assert false_families == KNOWN_FALSE_FAMILIES
     assert model["false_families_on_faulty"] == len(KNOWN_FALSE_FAMILIES) < static["false_families_on_faulty"]
     for family in (STATE_LEAK, CHECKPOINT_FAILURE):
-        assert evaluation.comparison.metrics(family)["fault_recall"] == 1.0, family
+        missed = [(r.run, m["family"]) for r in evaluation.comparison.runs for m in r.missed]
+        assert evaluation.comparison.metrics(family)["fault_recall"] == 1.0, (family, missed)
 
 
 def test_every_flink_version_job_kind_and_run_length_is_judged_and_none_has_a_false_incident(evaluation):
