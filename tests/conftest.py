@@ -151,9 +151,11 @@ def _champions_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def champions_in_background(request, tmp_path_factory):
-    """Start the champions' training now if this process's tests need it and no other process has."""
+    """Start the champions' training now if this process's tests need it and no other process has
+    (never into a folder trained by hand: a training there would move its aliases mid-session)."""
     process = None
-    if any(_needs_champions(item) for item in request.session.items):
+    trained_by_hand = bool(os.environ.get("PYTEST_TRAINED_CHAMPIONS"))
+    if not trained_by_hand and any(_needs_champions(item) for item in request.session.items):
         process = champions.start(_champions_root(tmp_path_factory))
     yield
     if process is not None and process.poll() is None:
@@ -172,6 +174,9 @@ def trained_store(tmp_path_factory) -> SentinelConfig:
     from models import registry
 
     root = _champions_root(tmp_path_factory)
+    if os.environ.get("PYTEST_TRAINED_CHAMPIONS") and not (root / champions.DONE).exists():
+        raise RuntimeError(f"PYTEST_TRAINED_CHAMPIONS={root} has no finished training: run "
+                           f"`python -m tests.champions {root}` first, or unset it")
     champions.wait_for(root, champions.DONE)
     config = config_for(champions.store_state_dir(root))
     registry.use_config(config)
