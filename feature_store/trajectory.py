@@ -5,14 +5,14 @@ Two questions a leak detector must answer without being fooled by noise:
 * **Does the state still grow?** :func:`growth_bounds` fits a line to the state over a window of
   *time* (:data:`GROWTH_WINDOW_MS`, extended to :data:`GROWTH_MIN_POINTS` checkpoints when they
   come slower than that), so it means the same at a 200 ms and a 60 s interval, and returns the
-  relative slope with its confidence bounds: 95 % to hold an open leak, 99.9 % to open one (asked
-  at every checkpoint, a 95 % bound reads a flat state as growing about once an hour), over at
-  least :data:`OPENING_MIN_POINTS` checkpoints (a strict quantile on few points would hold a real
-  leak back for minutes). Checkpoint
-  sizes wobble with the input and with RocksDB's flushes, and consecutive wobbles are alike, so
-  the slope's standard error is widened by the residuals' lag-1 autocorrelation (fewer
-  independent points than checkpoints). A flat state's wiggle gives bounds around zero; a slow
-  leak's bounds sit above zero once the window has seen enough of it.
+  relative slope with its confidence bounds: 95 % to hold an open leak, also 99.9 % to open one
+  (asked at every checkpoint, a 95 % bound reads a flat state as growing about once an hour),
+  that one over at least :data:`OPENING_MIN_POINTS` checkpoints (a strict quantile on few points
+  would hold a real leak back for minutes). Checkpoint sizes wobble with the input and with
+  RocksDB's flushes, and consecutive wobbles are alike, so the slope's standard error is widened
+  by the residuals' lag-1 autocorrelation (fewer independent points than checkpoints). A flat
+  state's wiggle gives bounds around zero; a slow leak's bounds sit above zero once the window
+  has seen enough of it.
 * **What shape is the growth?** :func:`trajectory_fit` compares, over the job's history, a line
   with growth that decelerates toward an asymptote (``A - B exp(-t / tau)``: a bounded key space
   filling, windows filling, TTLs beginning to expire). When the saturating curve explains the
