@@ -52,10 +52,14 @@ class Feature:
 _SHORT = f"last {SHORT_WINDOW_CHECKPOINTS} completed checkpoints"
 _SHORT_ANY = f"last {SHORT_WINDOW_CHECKPOINTS} checkpoints"  # completed or failed
 _LONG = f"completed checkpoints of the last {LONG_WINDOW_MS // 60_000} min"
-_GROWTH = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {GROWTH_MIN_POINTS}), "
-           f"thinned to {WINDOW_POINTS}")
-_OPENING = (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {OPENING_MIN_POINTS}), "
+
+
+def _growth_window(min_points: int) -> str:
+    return (f"completed checkpoints of the last {GROWTH_WINDOW_MS // 1000} s (at least {min_points}), "
             f"thinned to {WINDOW_POINTS}")
+
+
+_GROWTH, _OPENING = _growth_window(GROWTH_MIN_POINTS), _growth_window(OPENING_MIN_POINTS)
 _RECENT = (f"the growth window, after its last change of pace (at least {RECENT_MIN_SPAN_MS // 1000} s and "
            f"{RECENT_MIN_POINTS} checkpoints)")
 _FORECAST = (f"completed checkpoints of the last {FORECAST_WINDOW_MS // 60_000} min (at least "
