@@ -26,9 +26,10 @@ def growing(points, to_open: bool = False) -> bool:
     pace."""
     recent = window(points, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)
     bounds, since = growth_bounds(recent), recent_growth_low(recent)
-    opening = growth_bounds(window(points, GROWTH_WINDOW_MS, OPENING_MIN_POINTS))
-    certain = not to_open or (opening is not None and opening.opening_low >= 0.05)
-    return bool(bounds and since is not None and bounds.low >= 0.05 and since > 0 and certain)
+    if not (bounds and since is not None and bounds.low >= 0.05 and since > 0):
+        return False
+    opening = growth_bounds(window(points, GROWTH_WINDOW_MS, OPENING_MIN_POINTS)) if to_open else None
+    return not to_open or (opening is not None and opening.opening_low >= 0.05)
 
 
 def thinned(points, n=TRAJECTORY_POINTS):
