@@ -30,6 +30,14 @@ resumed after a plateau and a limit in reach are judged as above. And a trend fi
 than ``min_checkpoints`` checkpoints (a job the sentinel has only just started to watch) decides
 nothing.
 
+Past the horizon and its confirmation, growth certain enough to open a leak (over a history long
+enough to tell a fill, and no fill below the limit) that has held at every checkpoint for
+``growth_confirms_after_s`` stands in for the score's persistence and half its threshold: one
+score of at least half the threshold among the last ``n`` decides
+(:meth:`PostRule.sustained_growth`). A model whose score wavers over a leak that grows this
+plainly must not lose it for want of ``k`` readings over the threshold; a model that scores the
+growth low throughout still keeps it quiet.
+
 A rule may hold back for a **start-up** time after the job (re)started (``startup_s``): Flink's
 rates are meters over the last minute, so for a minute after a start they ramp up unevenly across
 subtasks, and the first checkpoints of a job say little about its usual behaviour.
@@ -61,12 +69,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from itertools import product
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
 
-from pipelines.families.state_leak import GROWTH_COLUMNS, SHAPE_COLUMNS, fills_below_limit, still_growing
+from pipelines.families.state_leak import (GROWTH_COLUMNS, SHAPE_COLUMNS, fills_below_limit, shape_judged,
+                                           still_growing, vertex_own)
 
 # Operators' rule of thumb when nothing else is known: a few minutes covers TTLs and windows of
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
@@ -74,6 +83,14 @@ DEFAULT_WARMUP_HORIZON_S = 180.0
 
 GUARD_COLUMNS = tuple(dict.fromkeys(("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau",
                                       "state_over_plateau") + GROWTH_COLUMNS + SHAPE_COLUMNS))
+
+
+class RowDecisions(NamedTuple):
+    """:meth:`PostRule.decide_and_hold_rows` at each row."""
+
+    decided: np.ndarray
+    held: np.ndarray  # a guard holds the decision back
+    growing_since: np.ndarray  # since when (ms) the growth that stands in for persistence has held; NaN: not
 
 
 @dataclass(frozen=True)
@@ -90,6 +107,7 @@ class PostRule:
     decisive: tuple[tuple[str, float], ...] = ()
     refused_by: tuple[tuple[str, float], ...] = ()
     confirm_after_horizon_s: float = 0.0  # with the guard: growth must go on this long past the horizon
+    growth_confirms_after_s: float = 0.0  # with the guard: growth held this long needs one half score (0: never)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -100,14 +118,18 @@ class PostRule:
             raise ValueError("resume_over_plateau must be >= 1")
         if self.startup_s < 0:
             raise ValueError("startup_s must be >= 0")
+        if self.growth_confirms_after_s < 0:
+            raise ValueError("growth_confirms_after_s must be >= 0")
 
     # --- one evaluation ---------------------------------------------------------------------------
 
     def decide(self, recent_scores: Sequence[float], row: Mapping[str, Any] | None = None,
-               horizon_s: float = DEFAULT_WARMUP_HORIZON_S, limit_eta_s: float | None = None) -> bool:
+               horizon_s: float = DEFAULT_WARMUP_HORIZON_S, limit_eta_s: float | None = None,
+               growing_for_s: float = 0.0) -> bool:
         """The decision after the last of ``recent_scores`` (oldest first). ``row`` is the feature
         row of the last one (the guards read it); ``limit_eta_s`` overrides its ``limit_eta_s``
-        when a configured limit gives a forecast."""
+        when a configured limit gives a forecast; ``growing_for_s`` is how long the growth that
+        stands in for the persistence has held up to this row (:meth:`sustained_growth`)."""
         window = list(recent_scores)[-self.n:]
         count = np.array([sum(s >= self.threshold for s in window)])
         if row is None:
@@ -115,7 +137,10 @@ class PostRule:
         columns = {name: np.array([_value(row, name)]) for name in self.guard_columns()}
         if limit_eta_s is not None:
             columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], [limit_eta_s])
-        return bool(self._decided(count, columns, np.array([horizon_s], dtype="float64"))[0])
+        horizon = np.array([horizon_s], dtype="float64")
+        grown = (self.growth_confirms(columns, horizon) & (growing_for_s >= self.growth_confirms_after_s)
+                 & any(s >= self.threshold / 2.0 for s in window))
+        return bool(self._decided_and_held(count, columns, horizon, grown)[0][0])
 
     # --- every row of a frame ---------------------------------------------------------------------
 
@@ -150,32 +175,78 @@ class PostRule:
         """:meth:`decisions` on arrays: ``group`` codes each row's entity, ``columns`` holds the
         :meth:`guard_columns` (NaN where unknown), and ``past_group``/``past_scores`` are scores
         the entities had before these rows, oldest first within each entity."""
-        return self.decide_and_hold_rows(group, scores, times, columns, horizon_s, past_group, past_scores)[0]
+        return self.decide_and_hold_rows(group, scores, times, columns, horizon_s, past_group, past_scores).decided
 
     def decide_and_hold_rows(self, group: np.ndarray, scores: np.ndarray, times: np.ndarray,
                              columns: Mapping[str, np.ndarray], horizon_s: float | np.ndarray,
-                             past_group: np.ndarray | None = None,
-                             past_scores: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`decide_rows`, and where a decision is *held*: the score and evidence decide, but
-        the warm-up or start-up guard holds it back (a fault that may still be a warm-up)."""
+                             past_group: np.ndarray | None = None, past_scores: np.ndarray | None = None,
+                             growing_since: Mapping[int, float] | None = None) -> RowDecisions:
+        """:meth:`decide_rows`, where a decision is *held* (the score and evidence decide, but the
+        warm-up or start-up guard holds it back: a fault that may still be a warm-up), and since
+        when the growth that stands in for the persistence has held at each row (:meth:`sustained_growth`;
+        ``growing_since`` maps an entity's code to when it began before these rows, in ms)."""
         n_rows = len(scores)
+        horizon = np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (n_rows,))
+        since = self.sustained_growth(group, times, self.growth_confirms(columns, horizon), growing_since)
+        grown = (times - since) >= self.growth_confirms_after_s * 1000.0  # NaN: not growing
         if past_group is not None and len(past_group):
             group = np.r_[group, past_group]
             scores = np.r_[scores, past_scores]
             # Earlier than any row, in their own order.
             times = np.r_[times, -1e18 + np.arange(len(past_group), dtype="float64")]
         order = np.lexsort((times, group))
-        over = (scores[order] >= self.threshold).astype(np.int64)
         g = group[order]
-        # Rolling count of the last n per entity: prefix sums, each window clipped at its entity's start.
+        # Rolling counts of the last n per entity: prefix sums, each window clipped at its entity's start.
         starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, dtype=np.int64)
         entity_start = starts[np.searchsorted(starts, np.arange(len(g)), side="right") - 1] if len(g) else starts
-        prefix = np.r_[0, np.cumsum(over)]
         i = np.arange(len(g))
-        counts = np.empty(len(g), dtype=np.int64)
-        counts[order] = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
-        horizon = np.broadcast_to(np.asarray(horizon_s, dtype="float64"), (n_rows,))
-        return self._decided_and_held(counts[:n_rows], columns, horizon)
+
+        def last_n_at_least(minimum: float) -> np.ndarray:
+            prefix = np.r_[0, np.cumsum(scores[order] >= minimum)]
+            counts = np.empty(len(g), dtype=np.int64)
+            counts[order] = prefix[i + 1] - prefix[np.maximum(i + 1 - self.n, entity_start)]
+            return counts[:n_rows]
+
+        if grown.any():
+            grown &= last_n_at_least(self.threshold / 2.0) >= 1
+        decided, held = self._decided_and_held(last_n_at_least(self.threshold), columns, horizon, grown)
+        return RowDecisions(decided, held, since)
+
+    def growth_confirms(self, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
+        """Where growth stands in for the persistence once it has held for
+        ``growth_confirms_after_s``: past the horizon and its confirmation, the vertex's own state
+        growing certainly enough to open a leak, over a history long enough to tell a fill, and no
+        fill below the limit. Nowhere for a rule without the warm-up guard or with the path off."""
+        if not (self.warmup_guard and self.growth_confirms_after_s > 0):
+            return np.zeros(len(horizon_s), dtype=bool)
+        age = np.nan_to_num(columns["job_age_s"], nan=0.0)
+        seen = np.nan_to_num(columns["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
+        own = vertex_own(columns)  # the job's growth, which stateless vertices fall back to, would open on each
+        return ((age >= horizon_s + self.confirm_after_horizon_s) & seen & self._growing(own, to_open=True)
+                & shape_judged(own) & ~fills_below_limit(own))
+
+    @staticmethod
+    def sustained_growth(group: np.ndarray, times: np.ndarray, growing: np.ndarray,
+                         since: Mapping[int, float] | None = None) -> np.ndarray:
+        """At each row, since when (the row time, ms) ``growing`` has held at every row of its
+        entity without a break; NaN where it does not hold. ``since`` continues an entity's run
+        from before these rows, where its first row still grows."""
+        n_rows = len(times)
+        result = np.full(n_rows, np.nan)
+        if not growing.any():
+            return result
+        order = np.lexsort((times, group))
+        g, t, grows = group[order], np.asarray(times, dtype="float64")[order], growing[order]
+        first_of_entity = np.r_[True, g[1:] != g[:-1]]
+        begins = grows & (first_of_entity | ~np.r_[False, grows[:-1]])
+        start = np.where(begins, t, np.nan)
+        if since:
+            carried = begins & first_of_entity
+            start[carried] = [since.get(int(code), time) for code, time in zip(g[carried], t[carried])]
+        # Each row of a run takes the start of the run it belongs to.
+        latest_begin = np.maximum.accumulate(np.where(begins, np.arange(n_rows), 0))
+        result[order] = np.where(grows, start[latest_begin], np.nan)
+        return result
 
     # --- the one implementation -------------------------------------------------------------------
 
@@ -185,11 +256,8 @@ class PostRule:
                 + tuple(c for c, _ in self.evidence) + tuple(c for c, _ in self.decisive)
                 + tuple(c for c, _ in self.refused_by))
 
-    def _decided(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray) -> np.ndarray:
-        return self._decided_and_held(counts, columns, horizon_s)[0]
-
-    def _decided_and_held(self, counts: np.ndarray, columns: Mapping[str, np.ndarray],
-                          horizon_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _decided_and_held(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray,
+                          grown: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         scored = counts >= self.k
         if self.evidence:
             shown = np.zeros(len(counts), dtype=bool)
@@ -200,6 +268,7 @@ class PostRule:
             scored |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
         for column, maximum in self.refused_by:
             scored &= ~(np.nan_to_num(columns[column], nan=-np.inf) >= maximum)
+        scored |= grown  # past the guards already: growth_confirms asks them
         decided = scored.copy()
         if self.warmup_guard:
             decided &= self._past_warmup(columns, horizon_s)

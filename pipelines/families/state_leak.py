@@ -41,6 +41,14 @@ def _pick(c: Mapping[str, np.ndarray], names: tuple[str, str]) -> np.ndarray:
     return vertex_else_job(c[names[0]], c[names[1]])
 
 
+def vertex_own(c: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``c`` with the job's growth and shape blanked, so that the tests below read the vertex's
+    own state only: every vertex without state of its own falls back to the job's."""
+    job = [names[1] for names in (GROWTH_LOW, GROWTH_HIGH, GROWTH_OPENING_LOW, RECENT_GROWTH_LOW, FILLING,
+                                  PLATEAU_ETA, PLATEAU, SIZE, OVER_PRIOR_MAX)]
+    return {**c, **{name: np.full(len(c[name]), np.nan) for name in job if name in c}}
+
+
 def still_growing(c: Mapping[str, np.ndarray], min_growth_per_h: float, to_open: bool = False) -> np.ndarray:
     """Where the state still grows: over the growth window (two minutes of checkpoints, at least
     ten) by at least ``min_growth_per_h`` of itself per hour with 95 % confidence, since its last
@@ -75,6 +83,12 @@ def fills_below_limit(c: Mapping[str, np.ndarray]) -> np.ndarray:
         plateau_over_limit = _pick(c, PLATEAU) * ratio / size
     over = np.nan_to_num(plateau_over_limit, nan=0.0) >= 1.0
     return filling & (limit_eta > plateau_eta) & ~over
+
+
+def shape_judged(c: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Where the history is long enough for :func:`fills_below_limit` to say whether the state
+    fills (before, a fill and a leak look alike)."""
+    return ~np.isnan(_pick(c, FILLING))
 
 
 class StateLeak(Family):
@@ -192,7 +206,8 @@ FAMILY = StateLeak(
     # A decision on a job younger than its warm-up horizon needs growth after a plateau or its
     # limit in sight (the horizon itself comes from the config); past it, growth that goes on for
     # 45 s more (a TTL warm-up whose plateau comes just after a declared horizon is not a leak).
-    post_rule=(("warmup_guard", True), ("confirm_after_horizon_s", 45.0)),
+    # Growth certain enough to open that then holds at every checkpoint for 90 s needs one high score, not 4 of 6.
+    post_rule=(("warmup_guard", True), ("confirm_after_horizon_s", 45.0), ("growth_confirms_after_s", 90.0)),
     recent_column="vertex_state_size_bytes",
     runbook=(
         "Find the operator whose state grows (evidence: vertex) and the state it keeps per key.",

@@ -159,6 +159,7 @@ def _transitions(jobs: PolicyStates, rows: pd.DataFrame, scored: pd.DataFrame, n
         job.last_ts = max(job.last_ts or 0, ts)
         entity = job.entity(names.entities[columns["_entity"][i]])
         entity.scores = (entity.scores + [float(columns["score"][i])])[-rules[family].n:]
+        entity.growing_since = _since(columns["_growing_since"][i])
         recent = columns.get(RECENT_COLUMNS.get(family))
         if recent is not None and clean_value(recent[i]) is not None:
             entity.recent = (entity.recent + [recent[i]])[-RECENT_VALUES:]
@@ -212,7 +213,7 @@ def _transitions(jobs: PolicyStates, rows: pd.DataFrame, scored: pd.DataFrame, n
 
 def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule]) -> None:
     """Extend the score and evidence history of entities nothing happened to (their last ``n``
-    scores, their last recent values), and each job's latest event time."""
+    scores, their last recent values, since when they grow), and each job's latest event time."""
     if scored.empty:
         return
     for code, ts in scored.groupby("_job", sort=False)["ts"].max().items():
@@ -223,6 +224,7 @@ def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules
     bounds = np.flatnonzero(np.r_[True, entity[order][1:] != entity[order][:-1], True]).tolist()
     families, job_codes = scored["family"].to_numpy()[order], scored["_job"].to_numpy()[order]
     scores = scored["score"].to_numpy(dtype="float64")[order].tolist()
+    growing_since = scored["_growing_since"].to_numpy(dtype="float64")[order]
     recent_values = {column: scored[column].to_numpy(dtype="float64")[order] for column in set(RECENT_COLUMNS.values())
                      if column in scored}
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -230,6 +232,7 @@ def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules
         known = jobs.job(names.jobs[job_codes[start]]).entity(names.entities[entity[order[start]]])
         n = rules[family].n
         known.scores = (known.scores + scores[max(start, end - n):end])[-n:]
+        known.growing_since = _since(growing_since[end - 1])
         column = recent_values.get(RECENT_COLUMNS.get(family))
         if column is not None:
             values = column[start:end]
@@ -238,27 +241,36 @@ def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules
                 known.recent = (known.recent + fresh)[-RECENT_VALUES:]
 
 
+def _since(ms: float) -> int | None:
+    return None if np.isnan(ms) else int(ms)
+
+
 def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule],
                settings: PolicySettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's post-rule decision, whether a guard holds it back (see
     :meth:`PostRule.decide_and_hold_rows`), and whether its family's forecast predicts a failure
     (:meth:`Family.predicted_rows`), one vectorised call per family: every entity continues the
     persistence count from the scores the state kept of it; each job gets its own warm-up and
-    warning horizons, and a configured state limit shortens the leak's ETA to its limit."""
+    warning horizons, and a configured state limit shortens the leak's ETA to its limit. Since when
+    each row's entity has grown enough for its growth to stand in for the score's persistence goes
+    to the column ``_growing_since`` (the entity's stored run continued), for the state to keep."""
     decided = np.zeros(len(scored), dtype=bool)
     held = np.zeros(len(scored), dtype=bool)
     predicted = np.zeros(len(scored), dtype=bool)
+    scored["_growing_since"] = np.nan
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
         rule = rules[family]
         entity = part["_entity"].to_numpy()
-        past_group, past_scores = [], []
+        past_group, past_scores, growing_since = [], [], {}
         first = np.unique(entity, return_index=True)[1]
         for code, job_code in zip(entity[first].tolist(), part["_job"].to_numpy()[first].tolist()):
             known = jobs.known_entity(names.jobs[job_code], names.entities[code])
             kept = [] if known is None else known.scores[-rule.n:]
             past_group += [code] * len(kept)
             past_scores += kept
+            if known is not None and known.growing_since is not None:
+                growing_since[code] = known.growing_since
         # Looked up once per job name, not per row: training replays whole runs as one batch.
         name_code, named = pd.factorize(part["job_name"], use_na_sentinel=False)
         horizon = np.array([job_settings[name].warmup_horizon_s for name in named], dtype="float64")[name_code]
@@ -269,9 +281,12 @@ def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rule
             configured = BY_NAME[family].limit_eta_s(part, limits)
             if configured is not None:
                 columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], configured)
-        decided[part.index], held[part.index] = rule.decide_and_hold_rows(
+        found = rule.decide_and_hold_rows(
             entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
-            np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"))
+            np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"), growing_since)
+        decided[part.index], held[part.index] = found.decided, found.held
+        if rule.growth_confirms_after_s:
+            scored.loc[part.index, "_growing_since"] = found.growing_since
         if settings.predict_failures and BY_NAME[family].prediction_columns:
             warning = np.array([job_settings[name].warning_horizon_s for name in named], dtype="float64")[name_code]
             predicted[part.index] = BY_NAME[family].predicted_rows(part, warning)

@@ -2,7 +2,8 @@
 
 Per job, one :class:`EntityState` per (family, vertex) the policy has scored: its last scores
 and evidence values, its :class:`OpenIncident` (with the :class:`Symptom` s that joined it), the
-:class:`Suspicion` a guard holds back, and since when its forecast predicts a failure.
+:class:`Suspicion` a guard holds back, since when its forecast predicts a failure, and since when
+its state grows enough for the leak rule's growth to stand in for the score's persistence.
 
 Callers of :func:`~pipelines.incidents.policy.step` hold each job's entry in its stored form,
 JSON, as the detection job keeps it in Spark's state store beside the job's features
@@ -11,7 +12,8 @@ form (:meth:`JobPolicyState.from_stored`, :meth:`JobPolicyState.to_stored`). It 
 policy kept before its state was typed, so a checkpoint written before resumes::
 
     {"_last_ts": ms, "<family>/<vertex id>": {"scores": [...], "recent": [...], "open": {...} | null,
-                                              "held": {"event", "guard"}, "predicting_since": ms}}
+                                              "held": {"event", "guard"}, "predicting_since": ms,
+                                              "growing_since": ms}}
 
 An open incident and a symptom are stored under their fields' names. An optional field is
 written only when set, and read as unset when absent (a state written before it existed) or null.
@@ -140,12 +142,14 @@ class EntityState:
     open: OpenIncident | None = None
     held: Suspicion | None = None
     predicting_since: int | None = None
+    growing_since: int | None = None  # growth that stands in for the score's persistence held since (ms)
 
     @classmethod
     def from_stored(cls, stored: dict) -> "EntityState":
         open_, held = stored.get("open"), stored.get("held")
         return cls(stored["scores"], stored["recent"], OpenIncident.from_stored(open_) if open_ else None,
-                   Suspicion.from_stored(held) if held else None, stored.get("predicting_since"))
+                   Suspicion.from_stored(held) if held else None, stored.get("predicting_since"),
+                   stored.get("growing_since"))
 
     def to_stored(self) -> dict:
         stored: dict[str, Any] = {"scores": self.scores, "recent": self.recent,
@@ -154,6 +158,8 @@ class EntityState:
             stored["held"] = self.held.to_stored()
         if self.predicting_since is not None:
             stored["predicting_since"] = self.predicting_since
+        if self.growing_since is not None:
+            stored["growing_since"] = self.growing_since
         return stored
 
 

@@ -92,6 +92,70 @@ def test_the_warm_up_guard_holds_young_growth_back_unless_it_resumed_after_a_pla
     assert PostRule.from_dict(legacy) == rule
 
 
+def _growing_rows(job_id: str, ages_s, *, opening_low: float = 1.5, filling: float | None = 0.0,
+                  flicker: bool = True) -> pd.DataFrame:
+    """A vertex whose state grows certainly enough to open a leak at every row, scored low but for
+    one row in five (``flicker``) at half the threshold: never the rule's 4 of 6 over it."""
+    ages = np.asarray(ages_s, dtype="float64")
+    scores = np.where((np.arange(len(ages)) % 5 == 0) & flicker, 0.45, 0.05)
+    return pd.DataFrame({
+        "cluster": "c", "job_id": job_id, "vertex_id": "v", "ts": T0 + ages * 1000, "score": scores,
+        "job_age_s": ages, "job_age_checkpoints": 30, "vertex_state_over_plateau": None,
+        "vertex_state_growth_low_per_h": 2.0, "vertex_state_growth_opening_low_per_h": opening_low,
+        "vertex_state_recent_growth_low_per_h": 1.0, "vertex_state_over_prior_max": 1.0,
+        "vertex_state_filling": filling, "vertex_state_plateau_eta_s": 300.0 if filling else None,
+        "limit_eta_s": None})
+
+
+def test_growth_past_the_horizon_that_holds_for_its_time_stands_in_for_the_scores_persistence():
+    rule = PostRule(0.9, 4, 6, warmup_guard=True, confirm_after_horizon_s=45.0, growth_confirms_after_s=90.0)
+    ages = np.arange(100.0, 400.0, 10.0)
+    assert not PostRule(0.9, 4, 6).decisions(_growing_rows("leak", ages)).any()  # the score alone never decides
+    decided = rule.decisions(_growing_rows("leak", ages), horizon_s=180.0).to_numpy()
+    # Judged from 225 s (the horizon and its confirmation: the row at 230 s), decided 90 s later,
+    # with a score of half the threshold among the last six at every row.
+    assert ages[decided].min() == 320.0 and decided[ages >= 320.0].all()
+    # A score low throughout keeps the state's growth quiet.
+    assert not rule.decisions(_growing_rows("scored-low", ages, flicker=False), horizon_s=180.0).any()
+    # Growth certain at 95 % only, a fill that levels off below its limit, or a history too short to
+    # tell a fill, never stands in.
+    for name, shape in {"noisy": {"opening_low": 0.01}, "filling": {"filling": 1.0}, "young": {"filling": None}}.items():
+        assert not rule.decisions(_growing_rows(name, ages, **shape), horizon_s=180.0).any()
+    # A break in the growth starts its time again (from 310 s: not 90 s by the last row, 390 s).
+    broken = _growing_rows("broken", ages)
+    broken.loc[ages == 300.0, "vertex_state_growth_opening_low_per_h"] = 0.0
+    assert not rule.decisions(broken, horizon_s=180.0).any()
+    # A vertex without state of its own reads the job's growth, which never stands in there.
+    stateless = _growing_rows("stateless", ages)
+    for name in ("growth_low_per_h", "growth_opening_low_per_h", "recent_growth_low_per_h", "over_prior_max",
+                 "filling"):
+        stateless[f"state_{name}"], stateless[f"vertex_state_{name}"] = stateless[f"vertex_state_{name}"], None
+    assert rule.past_warmup(stateless, 180.0)[-1] and not rule.decisions(stateless, horizon_s=180.0).any()
+    # Off unless the rule asks for it (a rule saved before the path existed has it off).
+    assert not PostRule(0.9, 4, 6, warmup_guard=True).decisions(_growing_rows("leak", ages), horizon_s=180.0).any()
+    assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+    # One evaluation: the caller says how long the growth has held.
+    row = _growing_rows("leak", [300.0]).iloc[0].to_dict()
+    assert rule.decide([0.05, 0.45, 0.05], row, horizon_s=180.0, growing_for_s=90.0)
+    assert not rule.decide([0.05, 0.45, 0.05], row, horizon_s=180.0, growing_for_s=80.0)
+    assert not rule.decide([0.05, 0.44, 0.05], row, horizon_s=180.0, growing_for_s=600.0)
+
+
+def test_the_time_growth_has_held_continues_from_the_run_a_batch_was_given():
+    times = np.array([0.0, 10.0, 20.0, 30.0, 0.0, 10.0]) * 1000
+    group = np.array([0, 0, 0, 0, 1, 1])
+    growing = np.array([True, True, False, True, True, True])
+    since = PostRule.sustained_growth(group, times, growing)
+    assert np.array_equal(since, [0.0, 0.0, np.nan, 30_000.0, 0.0, 0.0], equal_nan=True)
+    # Entity 1 had grown since -50 s before these rows; entity 0's first row carries its run on too.
+    since = PostRule.sustained_growth(group, times, growing, {0: -20_000.0, 1: -50_000.0})
+    assert np.array_equal(since, [-20_000.0, -20_000.0, np.nan, 30_000.0, -50_000.0, -50_000.0], equal_nan=True)
+    # Rows in any order: each entity is taken in time order.
+    shuffled = np.array([5, 3, 1, 4, 0, 2])
+    assert np.array_equal(PostRule.sustained_growth(group[shuffled], times[shuffled], growing[shuffled]),
+                          PostRule.sustained_growth(group, times, growing)[shuffled], equal_nan=True)
+
+
 def test_a_batch_continues_the_persistence_count_from_the_history_it_is_given():
     frame = pd.DataFrame({"cluster": "c", "job_id": "j", "vertex_id": "v", "ts": [10, 11], "score": [0.9, 0.1]})
     rule = PostRule(0.5, k=2, n=3)
@@ -123,8 +187,8 @@ def test_decisive_evidence_decides_whatever_the_score_and_a_guard_still_holds_it
     assert [rule.decide([0.5], row) for row in frame.to_dict("records")] == [True, False, False, False]
     group = np.arange(4)
     columns = {c: frame[c].to_numpy(dtype="float64") for c in rule.guard_columns()}
-    decided, held = rule.decide_and_hold_rows(group, frame["score"].to_numpy(), frame["ts"].to_numpy(dtype="float64"),
-                                              columns, 180.0)
+    decided, held, _ = rule.decide_and_hold_rows(group, frame["score"].to_numpy(),
+                                                 frame["ts"].to_numpy(dtype="float64"), columns, 180.0)
     assert decided.tolist() == [True, False, False, False] and held.tolist() == [False, False, True, False]
     assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
 

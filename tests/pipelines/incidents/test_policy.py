@@ -354,6 +354,33 @@ def test_incident_times_stay_ordered_over_a_replay_of_rows_out_of_order(seed):
     assert_incident_times_ordered(events)
 
 
+def test_a_leak_that_grows_plainly_past_its_horizon_opens_on_a_wavering_score_in_any_batching():
+    """A leak whose score wavers under the threshold never gives the rule its 4 of 6, but its
+    growth, certain enough to open it and held for the rule's time, stands in for that with half
+    the threshold; the time it has held is kept between batches."""
+    guarded = {**RULES, "state_leak": PostRule(0.9, 4, 6, warmup_guard=True, confirm_after_horizon_s=45.0,
+                                                growth_confirms_after_s=90.0)}
+    minutes = list(range(1, 12))
+    rows, scored = rows_and_scores([(m, 0.6 if m % 3 == 0 else 0.05) for m in minutes],
+                                   job_age_s=[m * 60.0 for m in minutes], job_age_checkpoints=50,
+                                   vertex_state_over_plateau=None, vertex_state_size_bytes=1e6,
+                                   vertex_state_growth_low_per_h=2.0, vertex_state_growth_opening_low_per_h=1.5,
+                                   vertex_state_recent_growth_low_per_h=1.0, vertex_state_over_prior_max=1.0,
+                                   vertex_state_filling=0.0)
+    assert step({}, rows, scored, {**guarded, "state_leak": PostRule(0.9, 4, 6, warmup_guard=True)}, SETTINGS) == []
+    whole = step({}, rows, scored, guarded, SETTINGS)
+    # Judged from minute 4 (past the 180 s horizon and its 45 s), held 90 s by minute 6.
+    assert [(e["event"], e["opened_at"] // MIN) for e in whole] == [("opened", 6)]
+    state: dict = {}
+    one_by_one = []
+    for i in range(len(minutes)):
+        one_by_one += step(state, rows.iloc[[i]].reset_index(drop=True), scored.iloc[[i]].assign(row=0), guarded,
+                           SETTINGS)
+        if minutes[i] == 5:  # not yet: the growth since minute 4 is kept with the entity
+            assert state[policy.job_key("c", "j1")]["state_leak/v1"]["growing_since"] == 4 * MIN
+    assert one_by_one == whole
+
+
 def test_a_leak_stays_open_while_its_state_still_grows_though_its_score_dips_and_ends_at_its_plateau():
     """A slow leak after a fast warm-up: the detector's score may fall while the state keeps
     growing; the incident ends when the growth does (the leak family's growth test), not before,
