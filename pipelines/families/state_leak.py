@@ -206,7 +206,8 @@ FAMILY = StateLeak(
     # A decision on a job younger than its warm-up horizon needs growth after a plateau or its
     # limit in sight (the horizon itself comes from the config); past it, growth that goes on for
     # 45 s more (a TTL warm-up whose plateau comes just after a declared horizon is not a leak).
-    # Growth certain enough to open that then holds at every checkpoint for 90 s needs one high score, not 4 of 6.
+    # Growth certain enough to open that then holds at every checkpoint for 90 s needs one score of
+    # half the threshold, not 4 of 6 over it (a score that wavers over a plain leak must not lose it).
     post_rule=(("warmup_guard", True), ("confirm_after_horizon_s", 45.0), ("growth_confirms_after_s", 90.0)),
     recent_column="vertex_state_size_bytes",
     runbook=(
