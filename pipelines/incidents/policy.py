@@ -159,7 +159,7 @@ def _transitions(jobs: PolicyStates, rows: pd.DataFrame, scored: pd.DataFrame, n
         job.last_ts = max(job.last_ts or 0, ts)
         entity = job.entity(names.entities[columns["_entity"][i]])
         entity.scores = (entity.scores + [float(columns["score"][i])])[-rules[family].n:]
-        entity.growing_since = _since(columns["_growing_since"][i])
+        entity.set_growing_since(columns["_growing_since"][i])
         recent = columns.get(RECENT_COLUMNS.get(family))
         if recent is not None and clean_value(recent[i]) is not None:
             entity.recent = (entity.recent + [recent[i]])[-RECENT_VALUES:]
@@ -232,7 +232,7 @@ def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules
         known = jobs.job(names.jobs[job_codes[start]]).entity(names.entities[entity[order[start]]])
         n = rules[family].n
         known.scores = (known.scores + scores[max(start, end - n):end])[-n:]
-        known.growing_since = _since(growing_since[end - 1])
+        known.set_growing_since(growing_since[end - 1])
         column = recent_values.get(RECENT_COLUMNS.get(family))
         if column is not None:
             values = column[start:end]
@@ -241,22 +241,15 @@ def _remember(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules
                 known.recent = (known.recent + fresh)[-RECENT_VALUES:]
 
 
-def _since(ms: float) -> int | None:
-    return None if np.isnan(ms) else int(ms)
-
-
 def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rules: Mapping[str, PostRule],
                settings: PolicySettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's post-rule decision, whether a guard holds it back (see
     :meth:`PostRule.decide_and_hold_rows`), and whether its family's forecast predicts a failure
     (:meth:`Family.predicted_rows`), one vectorised call per family: every entity continues the
     persistence count from the scores the state kept of it; each job gets its own warm-up and
-    warning horizons, and a configured state limit shortens the leak's ETA to its limit. Since when
-    each row's entity has grown enough for its growth to stand in for the score's persistence goes
-    to the column ``_growing_since`` (the entity's stored run continued), for the state to keep."""
-    decided = np.zeros(len(scored), dtype=bool)
-    held = np.zeros(len(scored), dtype=bool)
-    predicted = np.zeros(len(scored), dtype=bool)
+    warning horizons, and a configured state limit shortens the leak's ETA to its limit. Column
+    ``_growing_since``: since when each row's entity grows as :meth:`PostRule.growth_confirms` asks."""
+    decided, held, predicted = (np.zeros(len(scored), dtype=bool) for _ in range(3))
     scored["_growing_since"] = np.nan
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
@@ -281,12 +274,10 @@ def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rule
             configured = BY_NAME[family].limit_eta_s(part, limits)
             if configured is not None:
                 columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], configured)
-        found = rule.decide_and_hold_rows(
+        decided[part.index], held[part.index], since = rule.decide_and_hold_rows(
             entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
             np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"), growing_since)
-        decided[part.index], held[part.index] = found.decided, found.held
-        if rule.growth_confirms_after_s:
-            scored.loc[part.index, "_growing_since"] = found.growing_since
+        scored.loc[part.index, "_growing_since"] = since
         if settings.predict_failures and BY_NAME[family].prediction_columns:
             warning = np.array([job_settings[name].warning_horizon_s for name in named], dtype="float64")[name_code]
             predicted[part.index] = BY_NAME[family].predicted_rows(part, warning)

@@ -22,6 +22,7 @@ A job-level key that is no entity (``_holding``, written by versions before susp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -161,6 +162,10 @@ class EntityState:
         if self.growing_since is not None:
             stored["growing_since"] = self.growing_since
         return stored
+
+    def set_growing_since(self, ms: float) -> None:
+        """From a batch's float column, where NaN is unset."""
+        self.growing_since = None if math.isnan(ms) else int(ms)
 
 
 @dataclass
