@@ -219,11 +219,8 @@ class PostRule:
         fill below the limit. Nowhere for a rule without the warm-up guard or with the path off."""
         if not (self.warmup_guard and self.growth_confirms_after_s > 0):
             return np.zeros(len(horizon_s), dtype=bool)
-        age = np.nan_to_num(columns["job_age_s"], nan=0.0)
-        seen = np.nan_to_num(columns["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
         own = vertex_own(columns)  # the job's growth, which stateless vertices fall back to, would open on each
-        return ((age >= horizon_s + self.confirm_after_horizon_s) & seen & self._growing(own, to_open=True)
-                & shape_judged(own) & ~fills_below_limit(own))
+        return self._grows_past_horizon(own, horizon_s, to_open=True) & shape_judged(own)
 
     @staticmethod
     def sustained_growth(group: np.ndarray, times: np.ndarray, growing: np.ndarray,
@@ -300,12 +297,18 @@ class PostRule:
         age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
         over_plateau = _vertex_else_job(c["vertex_state_over_plateau"], c["state_over_plateau"])
         resumed = np.nan_to_num(over_plateau, nan=0.0) >= self.resume_over_plateau  # null: no plateau yet
-        growing = self._growing(c, to_open) & ~fills_below_limit(c)
-        confirmed = age >= horizon_s + self.confirm_after_horizon_s
         eta = np.nan_to_num(c["limit_eta_s"], nan=np.inf)
         limit_soon = eta <= np.maximum(horizon_s - age, 0.0)
-        seen = np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
-        return ((confirmed & growing) | resumed | limit_soon) & seen
+        return self._grows_past_horizon(c, horizon_s, to_open) | ((resumed | limit_soon) & self._seen(c))
+
+    def _grows_past_horizon(self, c: Mapping[str, np.ndarray], horizon_s: np.ndarray, to_open: bool) -> np.ndarray:
+        """Past the horizon and its confirmation, seen long enough, and growing, not filling."""
+        age = np.nan_to_num(c["job_age_s"], nan=0.0)  # an unknown age counts as young
+        confirmed = age >= horizon_s + self.confirm_after_horizon_s
+        return confirmed & self._seen(c) & self._growing(c, to_open) & ~fills_below_limit(c)
+
+    def _seen(self, c: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.nan_to_num(c["job_age_checkpoints"], nan=0.0) >= self.min_checkpoints
 
     def sustains(self, row: Mapping[str, Any]) -> bool:
         """Whether an open incident of this rule's family still holds at ``row`` whatever its

@@ -250,12 +250,12 @@ def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rule
     warning horizons, and a configured state limit shortens the leak's ETA to its limit. Column
     ``_growing_since``: since when each row's entity grows as :meth:`PostRule.growth_confirms` asks."""
     decided, held, predicted = (np.zeros(len(scored), dtype=bool) for _ in range(3))
-    scored["_growing_since"] = np.nan
+    growing_since = np.full(len(scored), np.nan)
     job_settings = {name: settings.for_job(name) for name in scored["job_name"].unique()}
     for family, part in scored.groupby("family", sort=False):
         rule = rules[family]
         entity = part["_entity"].to_numpy()
-        past_group, past_scores, growing_since = [], [], {}
+        past_group, past_scores, known_since = [], [], {}
         first = np.unique(entity, return_index=True)[1]
         for code, job_code in zip(entity[first].tolist(), part["_job"].to_numpy()[first].tolist()):
             known = jobs.known_entity(names.jobs[job_code], names.entities[code])
@@ -263,7 +263,7 @@ def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rule
             past_group += [code] * len(kept)
             past_scores += kept
             if known is not None and known.growing_since is not None:
-                growing_since[code] = known.growing_since
+                known_since[code] = known.growing_since
         # Looked up once per job name, not per row: training replays whole runs as one batch.
         name_code, named = pd.factorize(part["job_name"], use_na_sentinel=False)
         horizon = np.array([job_settings[name].warmup_horizon_s for name in named], dtype="float64")[name_code]
@@ -274,13 +274,13 @@ def _decisions(jobs: PolicyStates, scored: pd.DataFrame, names: BatchNames, rule
             configured = BY_NAME[family].limit_eta_s(part, limits)
             if configured is not None:
                 columns["limit_eta_s"] = np.fmin(columns["limit_eta_s"], configured)
-        decided[part.index], held[part.index], since = rule.decide_and_hold_rows(
+        decided[part.index], held[part.index], growing_since[part.index] = rule.decide_and_hold_rows(
             entity, part["score"].to_numpy(dtype="float64"), part["ts"].to_numpy(dtype="float64"), columns, horizon,
-            np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"), growing_since)
-        scored.loc[part.index, "_growing_since"] = since
+            np.asarray(past_group, dtype=np.int64), np.asarray(past_scores, dtype="float64"), known_since)
         if settings.predict_failures and BY_NAME[family].prediction_columns:
             warning = np.array([job_settings[name].warning_horizon_s for name in named], dtype="float64")[name_code]
             predicted[part.index] = BY_NAME[family].predicted_rows(part, warning)
+    scored["_growing_since"] = growing_since
     return decided, held, predicted
 
 
