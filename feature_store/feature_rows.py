@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from feature_store import trajectory as growth
+from feature_store.failure_forecast import cadence_of, failure_eta
 from feature_store.definitions import BARRIER_WAIT_FORECAST_COLUMNS, TIMEOUT_FORECAST_COLUMNS, VERTEX_FEATURES
 from feature_store.numeric import (
     LongTimes,
@@ -40,7 +41,7 @@ class FeatureRows:
         base = {"cluster": self.cluster, "job_id": self.job_id, "job_name": self.job_name, "ts": ts,
                 "trigger_kind": trigger_kind, "is_late": False, "job_state": self.status.get("state"),
                 "last_failure_message": self.last_failure[1] if self.last_failure else None}
-        job = self._job_features()
+        job = self._job_features(ts)
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         # The memoised parts are floats already (converted once, when computed, not for every row).
         polled = {vid: self._memoised(("polls", vid), self._poll_seq.get(vid, 0), self._poll_features, vid)
@@ -48,12 +49,14 @@ class FeatureRows:
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
         checkpoint_version = (self.age_checkpoints, self._limit())
-        timeout = self.status.get("checkpoint_timeout_ms")
+        forecast_version = self._forecast_version()
+        since_checkpoint_s = self._since_checkpoint_s(ts)
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
             checkpointed, hot_state, state_skew = self._memoised(
                 ("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid)
-            barrier = self._memoised(("barrier", vid), (self.age_checkpoints, timeout), self._barrier_wait_forecast, vid)
+            barrier = _aged(self._memoised(("barrier", vid), forecast_version, self._barrier_wait_forecast, vid),
+                            BARRIER_WAIT_FORECAST_COLUMNS, since_checkpoint_s)
             polls = polled.get(vid, NO_POLLS)
             others = [p.backpressured_mean for other, p in polled.items()
                       if other != vid and p.backpressured_mean is not None]
@@ -85,7 +88,7 @@ class FeatureRows:
         limit = self.status.get("max_state_size_bytes")
         return float(limit) if limit else None
 
-    def _job_features(self) -> dict[str, Any]:
+    def _job_features(self, ts: int) -> dict[str, Any]:
         started = self._started_ts()
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
                              "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
@@ -101,7 +104,8 @@ class FeatureRows:
         interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
         f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
         f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
-        f.update(self._memoised(("timeout", JOB), (self.age_checkpoints, timeout), self._timeout_forecast, JOB))
+        f.update(_aged(self._memoised(("timeout", JOB), self._forecast_version(), self._timeout_forecast, JOB),
+                       TIMEOUT_FORECAST_COLUMNS, self._since_checkpoint_s(ts)))
         for name in ("job_age_s", "checkpoint_interval_ms", "state_growth_bytes_per_record",
                      "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout"):
             if f[name] is not None:
@@ -156,17 +160,27 @@ class FeatureRows:
         f["persisted_inflight_rel_slope_per_h"], _ = relative_trend([[c[0], c[3]] for c in cps])
         return _floats(f), fit
 
+    def _forecast_version(self) -> tuple:
+        """What the timeout forecasts are computed from, besides their series: a new checkpoint,
+        another timeout or interval."""
+        return self.age_checkpoints, self.status.get("checkpoint_timeout_ms"), self.status.get("checkpoint_interval_ms")
+
+    def _since_checkpoint_s(self, ts: int) -> float:
+        """Seconds from the last checkpoint's end (where the timeout forecasts count from) to ``ts``."""
+        return max(0.0, (ts - self.checkpoints[-1][0]) / 1000.0) if self.checkpoints else 0.0
+
     def _timeout_forecast(self, _: str) -> dict[str, float | None]:
-        """When completed checkpoints' duration reaches the checkpoint timeout, on its trend."""
+        """When the first checkpoint fails on the trend of completed checkpoints' duration."""
         timeout = self.status.get("checkpoint_timeout_ms")
-        return _floats({"checkpoint_timeout_ms": timeout,
-                        **_forecast_columns(growth.limit_eta(self.durations, timeout), TIMEOUT_FORECAST_COLUMNS)})
+        eta = failure_eta(self.durations, timeout, cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")))
+        return _floats({"checkpoint_timeout_ms": timeout, **_forecast_columns(eta, TIMEOUT_FORECAST_COLUMNS)})
 
     def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
-        """When a vertex's barrier wait (largest start delay plus largest alignment) reaches the
-        checkpoint timeout, on its trend over its last checkpoints, completed or failed."""
+        """When the first checkpoint fails on the trend of a vertex's barrier wait (largest start
+        delay plus largest alignment) over its last checkpoints, completed or failed."""
         waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]
-        eta = growth.limit_eta(waits, self.status.get("checkpoint_timeout_ms"))
+        eta = failure_eta(waits, self.status.get("checkpoint_timeout_ms"),
+                          cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")))
         return _floats(_forecast_columns(eta, BARRIER_WAIT_FORECAST_COLUMNS))
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
@@ -334,6 +348,14 @@ NO_POLLS = PollFeatures(dict.fromkeys(("busy_max", "busy_mean", "backpressured_m
 NO_VERTEX_FEATURES = dict.fromkeys(VERTEX_FEATURES)
 
 
+def _aged(forecast: dict[str, float | None], columns: tuple[str, str, str, str], since_s: float) -> dict:
+    """A timeout forecast counted from the last checkpoint's end, counted from ``since_s`` later
+    (at least 0: the failure is due)."""
+    if not since_s or forecast.get(columns[0]) is None:
+        return forecast
+    return {**forecast, **{c: max(0.0, forecast[c] - since_s) for c in columns[:3] if forecast.get(c) is not None}}
+
+
 def _forecast_columns(eta: dict | None, columns: tuple[str, str, str, str]) -> dict[str, float | None]:
-    """A ``trajectory.limit_eta`` forecast (None: none) as its features' columns."""
+    """A ``failure_forecast.failure_eta`` forecast (None: none) as its features' columns."""
     return dict(zip(columns, (eta and eta[key] for key in ("eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"))))

@@ -376,16 +376,21 @@ def test_barrier_wait_trends():
     assert vertex["start_delay_max_ms"] == 300 and vertex["alignment_max_ms"] == 150
 
 
-def test_a_barrier_wait_that_grows_is_forecast_to_reach_the_checkpoint_timeout():
-    # Start delay 1 s more, alignment 0.5 s more at every checkpoint (5 s apart): +300 ms/s; 18 s at the
-    # 12th, so 42 s more to the 60 s timeout take 140 s. A straight line: its band is the ETA itself.
-    events = [status(T0 - 1000, timeout=60_000)]
+def test_a_barrier_wait_that_grows_is_forecast_to_fail_a_checkpoint_against_the_timeout():
+    # Start delay 1 s more, alignment 0.5 s more at every checkpoint (triggered every 5 s): +300
+    # ms/s, 18 s at the 12th. A checkpoint triggered t s after the last ends waits (18 + 0.3 t) /
+    # 0.7 s, its wait read at its end. The next three (triggered at 4, 31.4 and 70.6 s) complete in
+    # 27.4, 39.2 and 56.0 s; the fourth, at 126.6 s, would wait 80 s and expires 60 s later.
+    events = [status(T0 - 1000, interval=5000, timeout=60_000)]
     events += [checkpoint(T0 + i * 5000, 100, delays=[10, 1000 * (i + 1)]) for i in range(12)]
     vertex = rows_at(events, vertex=V1)
-    assert vertex["barrier_wait_timeout_eta_s"] == pytest.approx(140.0)
-    assert vertex["barrier_wait_timeout_eta_low_s"] == pytest.approx(140.0)
-    assert vertex["barrier_wait_timeout_eta_high_s"] == pytest.approx(140.0)
+    assert vertex["barrier_wait_timeout_eta_s"] == pytest.approx(186.587, abs=0.01)
+    assert vertex["barrier_wait_timeout_eta_high_s"] == pytest.approx(186.587, abs=0.01)  # an exact line
+    assert vertex["barrier_wait_timeout_eta_low_s"] <= vertex["barrier_wait_timeout_eta_s"]
     assert vertex["barrier_wait_fitted_over_s"] == pytest.approx(55.0)
+    # Counted from the row's time: 10 s later, 10 s sooner.
+    later = rows_at(events + [status(T0 + 65_000, interval=5000, timeout=60_000)], vertex=V1)
+    assert later["barrier_wait_timeout_eta_s"] == pytest.approx(176.587, abs=0.01)
     assert rows_at(events)["barrier_wait_timeout_eta_s"] is None  # a vertex's, not the job's
     # A flat wait, or no timeout known: no forecast.
     flat = [status(T0 - 1000)] + [checkpoint(T0 + i * 5000, 100, delays=[10, 1000]) for i in range(12)]

@@ -1,0 +1,138 @@
+"""When a job's first checkpoint will fail against its timeout: a metric's trend run through the
+checkpoints' own cadence.
+
+A trend of checkpoint durations (or of a part of them: the barrier wait) says when the metric
+reaches the timeout, but a checkpoint does not fail then. Flink triggers a checkpoint every
+interval, or a pause after the last one ended where it ran longer than that (one at a time), and
+declares it failed when it expires, the timeout after its trigger. Under backpressure each
+checkpoint starts when the last ends, so the durations grow from checkpoint to checkpoint and the
+one that fails is seen a whole timeout after it began. :func:`failure_eta` steps through the
+coming checkpoints on the trend and returns when the first one expires.
+
+Its band: the trend's slope at the bounds of its 95 % interval (and between them: a steeper trend
+can postpone the failure, by one more checkpoint that just completes), and the same points read
+as exponential growth (the log of the metric on its trend), a deepening deficit a line cannot
+see: its early end where that is sooner.
+
+Pure functions of ``[(ts_ms, value), ...]`` and a :class:`Cadence`, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple, Sequence
+
+from feature_store.trajectory import FORECAST_MIN_POINTS, recent_trend
+
+SLOPE_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # of the slope's 95 % half-width: where the band is looked for
+MAX_STEPS = 200  # coming checkpoints stepped through one by one; beyond, the trend's crossing
+LOG_FLOOR = 0.001  # of the limit: the smallest value the exponential reading takes the log of
+LATE_TRIGGER, LATE_TRIGGER_MS = 1.05, 50.0  # a trigger this much later than the interval waited for a pause
+SETTLE_ROUNDS = 4  # a checkpoint's duration on a trend read at its own end
+
+
+class Cadence(NamedTuple):
+    """How a job's checkpoints follow each other, in ms: the last one's trigger and end (failed or
+    completed), the configured interval, and the shortest pause seen between one's end and the
+    next one's trigger."""
+    last_trigger_ms: float
+    last_end_ms: float
+    interval_ms: float
+    pause_ms: float
+
+
+def cadence_of(checkpoints: Sequence[Sequence], interval_ms: float | None) -> Cadence | None:
+    """The :class:`Cadence` of ``[(end_ts_ms, failed, end_to_end_ms, ...), ...]`` (oldest first;
+    an unknown duration taken as none), None without a checkpoint. The pause is seen only where a
+    checkpoint was triggered later than the interval after the last (it waited for the last's
+    end): else none, Flink's default."""
+    timed = [(c[0] - (c[2] or 0.0), c[0]) for c in checkpoints]
+    if not timed:
+        return None
+    interval = float(interval_ms or 0.0)
+    late = [b[0] - a[1] for a, b in zip(timed, timed[1:]) if b[0] - a[0] > interval * LATE_TRIGGER + LATE_TRIGGER_MS]
+    return Cadence(timed[-1][0], timed[-1][1], interval, max(0.0, min(late)) if late else 0.0)
+
+
+def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence: Cadence | None) -> dict | None:
+    """When the first checkpoint fails on the trend since the last change of pace (``recent_trend``)
+    of ``points`` (``[(end_ts_ms, value_ms), ...]``, each checkpoint's metric at its end) against
+    ``limit`` (the timeout, ms): ``{"eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"}``, seconds
+    from the cadence's last checkpoint end to the expiry of the first checkpoint whose metric
+    reaches the limit; the latest None where the trend may not rise at all. None without a limit,
+    a cadence, enough points or a rising trend."""
+    pts = [(p[0], p[1]) for p in points if p[1] is not None]
+    if not limit or cadence is None or len(pts) < FORECAST_MIN_POINTS:
+        return None
+    trend = recent_trend(pts)
+    if trend is None:
+        return None
+    slope, half, now, _ = trend
+    if slope <= 0:
+        return None
+    origin = pts[-1][0] - cadence.last_end_ms  # the trend's t = 0, in the cadence's time
+    linear = [_first_expiry(lambda t, s=slope + step * half: now + s * (t - origin) / 1000.0, limit, cadence)
+              for step in SLOPE_STEPS]
+    eta = linear[SLOPE_STEPS.index(0.0)]
+    if eta is None:
+        return None
+    bounded = [e for e in linear if e is not None]
+    low = min(bounded)
+    floor = limit * LOG_FLOOR
+    logs = recent_trend([(p[0], math.log(max(p[1], floor))) for p in pts])
+    if logs is not None and logs[0] + logs[1] > 0:
+        rate, level = (logs[0] + logs[1]) / 1000.0, logs[2]
+        steep = _first_expiry(lambda t: math.exp(min(700.0, level + rate * (t - origin))), limit, cadence)
+        low = min(low, steep) if steep is not None else low
+    high = None if len(bounded) < len(linear) else max(bounded)
+    return {"eta_s": eta / 1000.0, "eta_low_s": low / 1000.0, "eta_high_s": None if high is None else high / 1000.0,
+            "fitted_over_s": (pts[-1][0] - pts[0][0]) / 1000.0}
+
+
+def _first_expiry(metric: Callable[[float], float], limit: float, cadence: Cadence) -> float | None:
+    """The expiry (ms after the last end) of the first coming checkpoint whose ``metric`` (of its
+    end's time, ms after the last end) reaches ``limit``, stepping trigger by trigger; None where
+    none does within :data:`MAX_STEPS` checkpoints and the trend never reaches the limit."""
+    trigger = max(cadence.last_trigger_ms - cadence.last_end_ms + cadence.interval_ms, cadence.pause_ms)
+    for _ in range(MAX_STEPS):
+        duration = _settled(metric, trigger, limit)
+        if duration >= limit:
+            return trigger + limit
+        trigger = max(trigger + cadence.interval_ms, trigger + duration + cadence.pause_ms)
+    # Far off: the first trigger whose checkpoint would end past the trend's crossing.
+    crossing = _crossing(metric, trigger, limit)
+    return None if crossing is None else max(trigger, crossing - limit) + limit
+
+
+def _settled(metric: Callable[[float], float], trigger: float, limit: float) -> float:
+    """The duration of a checkpoint triggered at ``trigger`` on a trend read at its end: ``d =
+    metric(trigger + d)``, iterated from below with Aitken's extrapolation of the steps (exact on
+    a line); ``limit`` where the steps do not shrink (the metric outgrows the time it takes)."""
+    duration = max(0.0, metric(trigger))
+    for _ in range(SETTLE_ROUNDS):
+        if duration >= limit:
+            return duration
+        first = max(0.0, metric(trigger + duration))
+        second = max(0.0, metric(trigger + first))
+        step, following = first - duration, second - first
+        if abs(following) <= 1e-6 * limit:
+            return second
+        if step <= 0 or following >= step:
+            return limit if following >= step > 0 else second
+        duration = second + following * following / (step - following)
+    return duration
+
+
+def _crossing(metric: Callable[[float], float], start: float, limit: float) -> float | None:
+    """When the increasing ``metric`` reaches ``limit`` after ``start`` (ms), by doubling and
+    bisection; None within a year."""
+    span = 1000.0
+    while metric(start + span) < limit:
+        span *= 2
+        if span > 3.2e10:
+            return None
+    lo, hi = start + span / 2 if span > 1000.0 else start, start + span
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if metric(mid) < limit else (lo, mid)
+    return hi

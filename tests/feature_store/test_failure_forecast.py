@@ -1,0 +1,82 @@
+"""The first failed checkpoint, forecast through the checkpoints' own cadence."""
+
+import math
+
+import pytest
+
+from feature_store.failure_forecast import Cadence, cadence_of, failure_eta
+
+
+def _back_to_back(durations_ms, start_ms=0.0):
+    """Checkpoints that each start when the last ends (backpressure): ``[(end, failed, e2e), ...]``."""
+    out, trigger = [], start_ms
+    for d in durations_ms:
+        out.append([trigger + d, 0, d])
+        trigger += d
+    return out
+
+
+def test_under_backpressure_the_failure_is_the_expiry_of_the_first_checkpoint_that_outgrows_the_timeout():
+    # Each checkpoint 1.7 times the last, each starting when the last ends: a straight line in
+    # time (slope 1 - 1/1.7). The next takes 58.3 s and completes; the one after would take 99 s,
+    # so it expires 60 s after it starts: 118.3 s from now, not when the line crosses 60 s.
+    durations = [100 * 1.7 ** k for k in range(12)]
+    checkpoints = _back_to_back(durations)
+    cadence = cadence_of(checkpoints, 3000)
+    assert cadence == Cadence(checkpoints[-1][0] - durations[-1], checkpoints[-1][0], 3000.0, 0.0)
+    eta = failure_eta([[c[0], c[2]] for c in checkpoints], 60_000, cadence)
+    assert eta["eta_s"] == pytest.approx((durations[-1] * 1.7 + 60_000) / 1000, rel=1e-3)
+    assert eta["eta_high_s"] == pytest.approx(eta["eta_s"], rel=1e-3)  # an exact line: no slope to doubt
+    # Read as exponential growth, the next checkpoint might fail already: the band's early end.
+    assert 60.0 <= eta["eta_low_s"] < eta["eta_s"]
+    crossing_s = (60_000 - durations[-1]) / ((1 - 1 / 1.7) * 1000)
+    assert crossing_s == pytest.approx(62.5, abs=0.1) and eta["eta_s"] > crossing_s + 50
+
+
+def test_on_its_interval_the_failing_checkpoint_starts_on_the_interval_and_fails_a_timeout_later():
+    # Full snapshots 100 ms slower at every checkpoint, 10 s apart (a leak), 3 s timeout: the trend
+    # reaches 3 s between two triggers, and the first checkpoint triggered after it fails 3 s later.
+    interval, timeout = 10_000, 3000
+    checkpoints = [[i * interval + 1000 + 100 * i, 0, 1000 + 100 * i] for i in range(12)]
+    cadence = cadence_of(checkpoints, interval)
+    assert cadence.pause_ms == 0.0  # every trigger on the interval: no pause seen
+    eta = failure_eta([[c[0], c[2]] for c in checkpoints], timeout, cadence)
+    # Triggered t ms after the last end (2100 ms), a checkpoint ends at t + d: d = 2100 + s (t + d).
+    s = 100 / 10_100
+    triggers = [-2100 + k * interval for k in range(1, 100)]
+    first = next(t for t in triggers if (2100 + s * t) / (1 - s) >= timeout)
+    expected = (first + timeout) / 1000
+    assert eta["eta_s"] == pytest.approx(expected, rel=1e-6)
+    assert eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]
+
+
+def test_a_flat_or_falling_metric_or_a_missing_limit_or_cadence_forecasts_nothing():
+    flat = [[i * 3000, 0, 500.0] for i in range(12)]
+    points = [[c[0], c[2]] for c in flat]
+    assert failure_eta(points, 60_000, cadence_of(flat, 3000)) is None
+    falling = [[i * 3000, 0, 5000.0 - 100 * i] for i in range(12)]
+    assert failure_eta([[c[0], c[2]] for c in falling], 60_000, cadence_of(falling, 3000)) is None
+    rising = _back_to_back([100 * 1.7 ** k for k in range(12)])
+    rising_points = [[c[0], c[2]] for c in rising]
+    assert failure_eta(rising_points, None, cadence_of(rising, 3000)) is None
+    assert failure_eta(rising_points, 60_000, None) is None
+    assert failure_eta(rising_points[:9], 60_000, cadence_of(rising, 3000)) is None  # too few points
+
+
+def test_the_band_holds_a_noisy_build_up_and_may_not_close_above_where_the_slope_may_be_flat():
+    # A noisy line: its band spans the slope's doubt; where the flattest slope is not rising, the
+    # band has no late end.
+    noise = [0, 900, -700, 400, -900, 600, -300, 800, -500, 100, -800, 700]
+    steady = [[i * 10_000 + 1000, 0, 20_000 + 300 * i + noise[i]] for i in range(12)]
+    eta = failure_eta([[c[0], c[2]] for c in steady], 60_000, cadence_of(steady, 10_000))
+    assert eta["eta_low_s"] < eta["eta_s"]
+    assert eta["eta_high_s"] is None or eta["eta_high_s"] > eta["eta_s"]
+
+
+def test_a_far_failure_is_found_past_the_checkpoints_stepped_one_by_one():
+    # 200 ms interval, growth of 1 ms a second: thousands of checkpoints before the timeout.
+    checkpoints = [[i * 200 + 50, 0, 50 + 0.2 * i] for i in range(20)]
+    eta = failure_eta([[c[0], c[2]] for c in checkpoints], 10_000, cadence_of(checkpoints, 200))
+    crossing_s = (10_000 - checkpoints[-1][2]) / 1.0  # 1 ms per s
+    assert eta["eta_s"] == pytest.approx(crossing_s, rel=0.02)
+    assert math.isfinite(eta["eta_s"])
