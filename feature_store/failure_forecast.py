@@ -12,7 +12,8 @@ coming checkpoints on the trend and returns when the first one expires.
 Its band: the trend's slope at the bounds of its 95 % interval (and between them: a steeper trend
 can postpone the failure, by one more checkpoint that just completes), and the same points read
 as exponential growth (the log of the metric on its trend), a deepening deficit a line cannot
-see: its early end where that is sooner.
+see: its early end where that is sooner. Its late end allows the JobManager a second to report
+the expiry.
 
 Pure functions of ``[(ts_ms, value), ...]`` and a :class:`Cadence`, no I/O.
 """
@@ -28,6 +29,7 @@ SLOPE_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # of the slope's 95 % half-width: whe
 MAX_STEPS = 200  # coming checkpoints stepped through one by one; beyond, the trend's crossing
 LOG_FLOOR = 0.001  # of the limit: the smallest value the exponential reading takes the log of
 LATE_TRIGGER, LATE_TRIGGER_MS = 1.05, 50.0  # a trigger this much later than the interval waited for a pause
+EXPIRY_REPORTED_WITHIN_MS = 1000.0  # an expired checkpoint's failure is reported this soon (the band's late end)
 SETTLE_ROUNDS = 4  # a checkpoint's duration on a trend read at its own end
 
 
@@ -84,7 +86,7 @@ def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence:
         rate, level = (logs[0] + logs[1]) / 1000.0, logs[2]
         steep = _first_expiry(lambda t: math.exp(min(700.0, level + rate * (t - origin))), limit, cadence)
         low = min(low, steep) if steep is not None else low
-    high = None if len(bounded) < len(linear) else max(bounded)
+    high = None if len(bounded) < len(linear) else max(bounded) + EXPIRY_REPORTED_WITHIN_MS
     return {"eta_s": eta / 1000.0, "eta_low_s": low / 1000.0, "eta_high_s": None if high is None else high / 1000.0,
             "fitted_over_s": (pts[-1][0] - pts[0][0]) / 1000.0}
 

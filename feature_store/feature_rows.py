@@ -144,7 +144,10 @@ class FeatureRows:
             if f["limit_eta_s"] is not None:
                 band = growth.line_eta_band(points, limit)
         f["limit_eta_low_s"] = band and band["eta_low_s"]
-        f["limit_eta_high_s"] = band and band["eta_high_s"]
+        # A checkpoint over the limit fails when it is taken: the first one after the line crosses it.
+        interval_s = (self.status.get("checkpoint_interval_ms") or 0) / 1000.0
+        latest = band["eta_high_s"] if band else None
+        f["limit_eta_high_s"] = None if latest is None else latest + interval_s
         f["limit_fitted_over_s"] = band and band["fitted_over_s"]
         f["limit_known"] = 1.0 if limit else 0.0
         cps = self.checkpoints

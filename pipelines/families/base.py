@@ -213,10 +213,10 @@ class Family:
 
 
 def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float, metric: str = TIMEOUT_METRIC) -> dict | None:
-    """When ``metric`` (completed checkpoints' end-to-end duration, or a vertex's barrier wait)
-    reaches the checkpoint timeout, on its fitted trend with its 95 % band
-    (feature_store/trajectory.py's ``limit_eta``); None beyond ``warning_horizon_s`` or without a
-    rising trend."""
+    """When the first checkpoint fails against the timeout on the fitted trend of ``metric``
+    (completed checkpoints' end-to-end duration, or a vertex's barrier wait), with its band
+    (feature_store/failure_forecast.py's ``failure_eta``); None beyond ``warning_horizon_s`` or
+    without a rising trend."""
     eta_column, low_column, high_column, over_column = TIMEOUT_FORECASTS[metric]
     eta, timeout = num(row, eta_column), num(row, "checkpoint_timeout_ms")
     if eta is None or timeout is None or eta > warning_horizon_s:
@@ -225,7 +225,7 @@ def timeout_forecast(row: Mapping[str, Any], warning_horizon_s: float, metric: s
     return {"metric": metric, "limit": int(timeout), "limit_source": "job",
             "eta_ms": int(eta * 1000), "eta_low_ms": int((low if low is not None else eta) * 1000),
             "eta_high_ms": None if high is None else int(high * 1000),
-            "fitted_over_ms": None if over is None else int(over * 1000), "method": "linear_trend"}
+            "fitted_over_ms": None if over is None else int(over * 1000), "method": "checkpoint_cadence"}
 
 
 def timeout_warning(forecasts: list[dict]) -> str:

@@ -102,7 +102,7 @@ def test_its_forecasts_come_soonest_first_with_their_band():
     assert [f["metric"] for f in found] == ["checkpoint_duration_ms", "state_size_bytes"]
     assert found[0] == {"metric": "checkpoint_duration_ms", "limit": 1000, "limit_source": "job", "eta_ms": 240_000,
                         "eta_low_ms": 180_000, "eta_high_ms": 360_000, "fitted_over_ms": 300_000,
-                        "method": "linear_trend"}
+                        "method": "checkpoint_cadence"}
     assert BY_NAME["state_leak"].forecasts(row, None, 120.0) == []  # beyond the warning horizon, no limit
     assert BY_NAME["anomaly"].forecasts(row, None, 900.0) == []
     from pipelines.families.base import timeout_warning
@@ -124,7 +124,7 @@ def test_a_backpressured_vertex_s_barrier_wait_is_forecast_against_the_timeout_a
     assert [f["metric"] for f in found] == ["checkpoint_barrier_wait_ms", "checkpoint_duration_ms"]
     assert found[0] == {"metric": "checkpoint_barrier_wait_ms", "limit": 20_000, "limit_source": "job",
                         "eta_ms": 180_000, "eta_low_ms": 120_000, "eta_high_ms": 300_000, "fitted_over_ms": 36_000,
-                        "method": "linear_trend"}
+                        "method": "checkpoint_cadence"}
     assert timeout_warning(found) == "; checkpoint barriers will wait out their 20s timeout in ~3 min (2 min-5 min)"
     assert limit_text(found[0]) == "the 20s checkpoint timeout (barrier wait)"
     # The end-to-end duration's sooner: its words; beyond the horizon: neither; at the timeout: now.
