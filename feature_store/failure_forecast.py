@@ -93,15 +93,28 @@ def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence:
 
 def _first_expiry(metric: Callable[[float], float], limit: float, cadence: Cadence) -> float | None:
     """The expiry (ms after the last end) of the first coming checkpoint whose ``metric`` (of its
-    end's time, ms after the last end) reaches ``limit``, stepping trigger by trigger; None where
-    none does within :data:`MAX_STEPS` checkpoints and the trend never reaches the limit."""
+    end's time, ms after the last end) reaches ``limit``; None where the trend never does. While
+    checkpoints fit in their interval they come on it, so the first that outgrows it (or fails) is
+    found from the trend's crossing; from there, trigger by trigger (the trend's crossing again
+    where more than :data:`MAX_STEPS` of them are ahead)."""
     trigger = max(cadence.last_trigger_ms - cadence.last_end_ms + cadence.interval_ms, cadence.pause_ms)
+    on_interval = min(limit, cadence.interval_ms - cadence.pause_ms)  # the longest a checkpoint on the interval takes
+    if on_interval > 0 and _settled(metric, trigger, limit) < on_interval:
+        # A checkpoint triggered at T takes at least d where the metric reaches d by T + d.
+        crossing = _crossing(metric, trigger, on_interval)
+        if crossing is None:
+            return None
+        behind = crossing - on_interval - trigger
+        trigger += max(0.0, math.ceil(behind / cadence.interval_ms)) * cadence.interval_ms
+    previous = None
     for _ in range(MAX_STEPS):
         duration = _settled(metric, trigger, limit)
         if duration >= limit:
             return trigger + limit
-        trigger = max(trigger + cadence.interval_ms, trigger + duration + cadence.pause_ms)
-    # Far off: the first trigger whose checkpoint would end past the trend's crossing.
+        # Back to back, durations grow by a factor a checkpoint: too many ahead to step through.
+        if previous and (duration <= previous or math.log(limit / duration) > MAX_STEPS * math.log(duration / previous)):
+            break
+        previous, trigger = duration, max(trigger + cadence.interval_ms, trigger + duration + cadence.pause_ms)
     crossing = _crossing(metric, trigger, limit)
     return None if crossing is None else max(trigger, crossing - limit) + limit
 

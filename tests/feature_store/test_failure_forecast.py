@@ -80,3 +80,20 @@ def test_a_far_failure_is_found_past_the_checkpoints_stepped_one_by_one():
     crossing_s = (10_000 - checkpoints[-1][2]) / 1.0  # 1 ms per s
     assert eta["eta_s"] == pytest.approx(crossing_s, rel=0.02)
     assert math.isfinite(eta["eta_s"])
+
+
+def test_checkpoints_that_fit_their_interval_are_jumped_over_to_the_same_answer_as_stepping_through_them():
+    # 1 s interval, 20 ms more a checkpoint from 100 ms, 30 s timeout: some 1,500 checkpoints on the
+    # interval, then a few that outgrow it; the answer is that of stepping through every one.
+    interval, timeout = 1000, 30_000
+    checkpoints = [[i * interval + 100 + 20 * i, 0, 100 + 20 * i] for i in range(12)]
+    eta = failure_eta([[c[0], c[2]] for c in checkpoints], timeout, cadence_of(checkpoints, interval))
+    s = 20 / 1020  # per ms of end time
+    now = 100 + 20 * 11
+    trigger = -now + interval  # after the last end
+    while True:
+        d = (now + s * trigger) / (1 - s)  # the duration read at its end
+        if d >= timeout:
+            break
+        trigger = max(trigger + interval, trigger + d)
+    assert eta["eta_s"] == pytest.approx((trigger + timeout) / 1000, rel=1e-6)
