@@ -37,6 +37,20 @@ def without_unset(stored):
     return stored
 
 
+def with_todays_methods(stored):
+    """The code before's events (and the last event a state keeps) as today's name their
+    forecasts: the timeout forecasts became ``checkpoint_cadence`` (a method of the rows they are
+    read from, not of the stored state)."""
+    if isinstance(stored, list):
+        return [with_todays_methods(v) for v in stored]
+    if not isinstance(stored, dict):
+        return stored
+    renamed = {k: with_todays_methods(v) for k, v in stored.items()}
+    if renamed.get("metric") in ("checkpoint_duration_ms", "checkpoint_barrier_wait_ms") and "method" in renamed:
+        renamed["method"] = "checkpoint_cadence"
+    return renamed
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_a_state_stored_by_the_code_before_resumes_to_the_same_events(name):
     scenario = SCENARIOS[name]
@@ -45,8 +59,8 @@ def test_a_state_stored_by_the_code_before_resumes_to_the_same_events(name):
     state = copy.deepcopy(scenario["stored_state"])
     events = step(state, pd.DataFrame(scenario["after"]["rows"]), pd.DataFrame(scenario["after"]["scores"]), rules,
                   settings)
-    assert as_stored(events) == scenario["events_after"]
-    assert without_unset(as_stored(state)) == without_unset(scenario["state_after"])
+    assert as_stored(events) == with_todays_methods(scenario["events_after"])
+    assert without_unset(as_stored(state)) == without_unset(with_todays_methods(scenario["state_after"]))
 
 
 def test_the_fixture_holds_what_a_resumed_state_must_carry():
