@@ -68,8 +68,8 @@ _HISTORY = f"since first seen (up to {LONG_WINDOW_MS // 60_000} min), thinned to
 _POLLS = f"mean of the last {METRIC_POLLS_AVERAGED} metric polls (each a Flink 1-min average)"
 
 
-# A forecast against the checkpoint timeout, as features (feature_store/trajectory.py's
-# ``limit_eta``): the columns the families read it from.
+# A forecast against the checkpoint timeout, as features (feature_store/failure_forecast.py's
+# ``failure_eta``): the columns the families read it from.
 TIMEOUT_FORECAST_COLUMNS = TIMEOUT_FORECASTS[TIMEOUT_METRIC]
 BARRIER_WAIT_FORECAST_COLUMNS = TIMEOUT_FORECASTS[BARRIER_METRIC]
 

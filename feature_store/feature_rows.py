@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from feature_store import trajectory as growth
-from feature_store.failure_forecast import cadence_of, failure_eta
 from feature_store.definitions import BARRIER_WAIT_FORECAST_COLUMNS, TIMEOUT_FORECAST_COLUMNS, VERTEX_FEATURES
+from feature_store.failure_forecast import cadence_of, failure_eta
 from feature_store.numeric import (
     LongTimes,
     barrier_wait,

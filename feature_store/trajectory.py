@@ -338,30 +338,6 @@ def _linear_growth_beside(t: np.ndarray, y: np.ndarray, span: float, minimum: fl
     return bool((lower[plausible] > minimum).all())
 
 
-def limit_eta(points: Sequence[Sequence[float]], limit: float | None) -> dict | None:
-    """When a metric's trend since its last change of pace (:func:`recent_trend` over ``[(ts_ms,
-    value), ...]``) reaches ``limit``: ``{"eta_s", "eta_low_s", "eta_high_s", "fitted_over_s"}``
-    from the last point, the band from the slope's 95 % bounds (the steepest slope gives the
-    earliest time, the flattest the latest, None where it may not rise at all); 0 once the fitted
-    value is at the limit; None without a limit, enough points or a rising trend."""
-    pts = [p for p in points if p[1] is not None]
-    if not limit or len(pts) < FORECAST_MIN_POINTS:
-        return None
-    trend = recent_trend(pts)
-    if trend is None:
-        return None
-    slope, half, now, _ = trend
-    span = (pts[-1][0] - pts[0][0]) / 1000.0
-    if now >= limit:
-        return {"eta_s": 0.0, "eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": span}
-    if slope <= 0:
-        return None
-    gap = limit - now
-    steepest, flattest = slope + half, slope - half
-    return {"eta_s": gap / slope, "eta_low_s": gap / steepest,
-            "eta_high_s": gap / flattest if flattest > 0 else None, "fitted_over_s": span}
-
-
 def line_eta_band(points: Sequence[Sequence[float]], limit: float | None) -> dict | None:
     """The 95 % band of a straight line's ETA: when the last value of ``points`` (``[(ts_ms,
     value), ...]``) reaches ``limit`` on the least-squares line through all of them at its
