@@ -21,9 +21,11 @@ Pure functions of ``[(ts_ms, value), ...]`` and a :class:`Cadence`, no I/O.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
-from feature_store.trajectory import FORECAST_MIN_POINTS, recent_trend
+import numpy as np
+
+from feature_store.trajectory import FORECAST_MIN_POINTS, line_fit, recent_trend_since
 
 SLOPE_STEPS = (-1.0, -0.5, 0.0, 0.5, 1.0)  # of the slope's 95 % half-width: where the band is looked for
 MAX_STEPS = 200  # coming checkpoints stepped through one by one; beyond, the trend's crossing
@@ -41,6 +43,23 @@ class Cadence(NamedTuple):
     last_end_ms: float
     interval_ms: float
     pause_ms: float
+
+
+class Trend(NamedTuple):
+    """A metric's rising trend in the cadence's time (ms after the last checkpoint end): a line, or
+    exponential growth (a line of its log)."""
+    level: float  # the value, or its log, at ``origin``
+    rate: float  # per ms, > 0
+    origin: float
+    exponential: bool = False
+
+    def at(self, t: float) -> float:
+        x = self.level + self.rate * (t - self.origin)
+        return math.exp(min(700.0, x)) if self.exponential else x
+
+    def reaching(self, value: float) -> float:
+        """When it reaches ``value``."""
+        return self.origin + ((math.log(value) if self.exponential else value) - self.level) / self.rate
 
 
 def cadence_of(checkpoints: Sequence[Sequence], interval_ms: float | None) -> Cadence | None:
@@ -66,69 +85,63 @@ def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence:
     pts = [(p[0], p[1]) for p in points if p[1] is not None]
     if not limit or cadence is None or len(pts) < FORECAST_MIN_POINTS:
         return None
-    trend = recent_trend(pts)
-    if trend is None:
+    found = recent_trend_since(pts)
+    if found is None:
         return None
-    slope, half, now, _ = trend
+    (slope, half, now, _), first = found
     if slope <= 0:
         return None
     origin = pts[-1][0] - cadence.last_end_ms  # the trend's t = 0, in the cadence's time
-    linear = [_first_expiry(lambda t, s=slope + step * half: now + s * (t - origin) / 1000.0, limit, cadence)
-              for step in SLOPE_STEPS]
+    linear = [_first_expiry(Trend(now, (slope + step * half) / 1000.0, origin), limit, cadence)
+              if slope + step * half > 0 else None for step in SLOPE_STEPS]
     eta = linear[SLOPE_STEPS.index(0.0)]
-    if eta is None:
-        return None
     bounded = [e for e in linear if e is not None]
     low = min(bounded)
-    floor = limit * LOG_FLOOR
-    logs = recent_trend([(p[0], math.log(max(p[1], floor))) for p in pts])
-    if logs is not None and logs[0] + logs[1] > 0:
-        rate, level = (logs[0] + logs[1]) / 1000.0, logs[2]
-        steep = _first_expiry(lambda t: math.exp(min(700.0, level + rate * (t - origin))), limit, cadence)
+    since = pts[first:]  # the same points since the last change of pace, read as exponential growth
+    t = (np.array([p[0] for p in since], dtype="float64") - pts[-1][0]) / 1000.0
+    logs = line_fit(t, np.log(np.maximum([p[1] for p in since], limit * LOG_FLOOR)))
+    if logs[0] + logs[1] > 0:
+        steep = _first_expiry(Trend(logs[2], (logs[0] + logs[1]) / 1000.0, origin, exponential=True), limit, cadence)
         low = min(low, steep) if steep is not None else low
     high = None if len(bounded) < len(linear) else max(bounded) + EXPIRY_REPORTED_WITHIN_MS
     return {"eta_s": eta / 1000.0, "eta_low_s": low / 1000.0, "eta_high_s": None if high is None else high / 1000.0,
             "fitted_over_s": (pts[-1][0] - pts[0][0]) / 1000.0}
 
 
-def _first_expiry(metric: Callable[[float], float], limit: float, cadence: Cadence) -> float | None:
-    """The expiry (ms after the last end) of the first coming checkpoint whose ``metric`` (of its
-    end's time, ms after the last end) reaches ``limit``; None where the trend never does. While
-    checkpoints fit in their interval they come on it, so the first that outgrows it (or fails) is
-    found from the trend's crossing; from there, trigger by trigger (the trend's crossing again
-    where more than :data:`MAX_STEPS` of them are ahead)."""
+def _first_expiry(trend: Trend, limit: float, cadence: Cadence) -> float:
+    """The expiry (ms after the last end) of the first coming checkpoint whose metric, on
+    ``trend`` at its end, reaches ``limit``. While checkpoints fit in their interval they come on
+    it, so the first that outgrows it (or fails) is found from the trend's crossing; from there,
+    trigger by trigger (the trend's crossing again where more than :data:`MAX_STEPS` of them are
+    ahead)."""
     trigger = max(cadence.last_trigger_ms - cadence.last_end_ms + cadence.interval_ms, cadence.pause_ms)
     on_interval = min(limit, cadence.interval_ms - cadence.pause_ms)  # the longest a checkpoint on the interval takes
-    if on_interval > 0 and _settled(metric, trigger, limit) < on_interval:
+    if on_interval > 0 and _settled(trend, trigger, limit) < on_interval:
         # A checkpoint triggered at T takes at least d where the metric reaches d by T + d.
-        crossing = _crossing(metric, trigger, on_interval)
-        if crossing is None:
-            return None
-        behind = crossing - on_interval - trigger
+        behind = trend.reaching(on_interval) - on_interval - trigger
         trigger += max(0.0, math.ceil(behind / cadence.interval_ms)) * cadence.interval_ms
     previous = None
     for _ in range(MAX_STEPS):
-        duration = _settled(metric, trigger, limit)
+        duration = _settled(trend, trigger, limit)
         if duration >= limit:
             return trigger + limit
         # Back to back, durations grow by a factor a checkpoint: too many ahead to step through.
         if previous and (duration <= previous or math.log(limit / duration) > MAX_STEPS * math.log(duration / previous)):
             break
         previous, trigger = duration, max(trigger + cadence.interval_ms, trigger + duration + cadence.pause_ms)
-    crossing = _crossing(metric, trigger, limit)
-    return None if crossing is None else max(trigger, crossing - limit) + limit
+    return max(trigger, trend.reaching(limit) - limit) + limit
 
 
-def _settled(metric: Callable[[float], float], trigger: float, limit: float) -> float:
+def _settled(trend: Trend, trigger: float, limit: float) -> float:
     """The duration of a checkpoint triggered at ``trigger`` on a trend read at its end: ``d =
-    metric(trigger + d)``, iterated from below with Aitken's extrapolation of the steps (exact on
+    trend(trigger + d)``, iterated from below with Aitken's extrapolation of the steps (exact on
     a line); ``limit`` where the steps do not shrink (the metric outgrows the time it takes)."""
-    duration = max(0.0, metric(trigger))
+    duration = max(0.0, trend.at(trigger))
     for _ in range(SETTLE_ROUNDS):
         if duration >= limit:
             return duration
-        first = max(0.0, metric(trigger + duration))
-        second = max(0.0, metric(trigger + first))
+        first = max(0.0, trend.at(trigger + duration))
+        second = max(0.0, trend.at(trigger + first))
         step, following = first - duration, second - first
         if abs(following) <= 1e-6 * limit:
             return second
@@ -136,18 +149,3 @@ def _settled(metric: Callable[[float], float], trigger: float, limit: float) -> 
             return limit if following >= step > 0 else second
         duration = second + following * following / (step - following)
     return duration
-
-
-def _crossing(metric: Callable[[float], float], start: float, limit: float) -> float | None:
-    """When the increasing ``metric`` reaches ``limit`` after ``start`` (ms), by doubling and
-    bisection; None within a year."""
-    span = 1000.0
-    while metric(start + span) < limit:
-        span *= 2
-        if span > 3.2e10:
-            return None
-    lo, hi = start + span / 2 if span > 1000.0 else start, start + span
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if metric(mid) < limit else (lo, mid)
-    return hi

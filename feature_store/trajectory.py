@@ -137,7 +137,7 @@ def growth_bounds(points: Sequence[Sequence[float]]) -> GrowthBounds | None:
     return GrowthBounds(slope / my, (slope - half) / my, (slope + half) / my, (slope - t999(n - 2) * se) / my)
 
 
-def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
+def line_fit(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
     """``(slope, half_width, value_at_0, n)`` of the least-squares line through ``(t, y)`` (``t``
     in seconds, 0 at the last point), the 95 % half-width of its slope widened for
     autocorrelated residuals."""
@@ -153,8 +153,15 @@ def _line(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
 
 
 def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float, int] | None:
-    """The trend *since the last change of pace* of ``points`` (``[(ts_ms, value), ...]``):
-    ``(slope, half_width, value_now, n)``, per second, with the 95 % half-width of the slope
+    """The trend *since the last change of pace* of ``points`` (:func:`recent_trend_since`)."""
+    found = recent_trend_since(points)
+    return None if found is None else found[0]
+
+
+def recent_trend_since(points: Sequence[Sequence[float]]) -> tuple[tuple[float, float, float, int], int] | None:
+    """The trend *since the last change of pace* of ``points`` (``[(ts_ms, value), ...]``), and
+    the index (among the points with a value) of the first point after the bend, 0 without one:
+    ``((slope, half_width, value_now, n), first)``, per second, with the 95 % half-width of the slope
     (widened for autocorrelated residuals) and the fitted value at the last point. A line with a
     bend (a hinge) is fitted, the bend anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS`
     and :data:`RECENT_MIN_POINTS` after it; where the bend explains the data better than a
@@ -174,7 +181,7 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
     last = t[-1] - RECENT_MIN_SPAN_MS / 1000.0
     breaks = [b for b in range(1, n - RECENT_MIN_POINTS + 1) if t[b] <= last]
     if n < 6 or not breaks:
-        return _line(t, y)
+        return line_fit(t, y), 0
     tc = t - t.mean()
     line_rss = float(((y - y.mean() - (tc @ (y - y.mean())) / (tc @ tc) * tc) ** 2).sum())
     # Every candidate bend at once: y = a + s t + d max(t - t_b, 0), one 3 x 3 system per bend.
@@ -189,14 +196,14 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
         beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
-        return _line(t, y)
+        return line_fit(t, y), 0
     residuals = y[None, :] - beta[:, :1] - beta[:, 1:2] * t[None, :] - beta[:, 2:3] * after
     rss_all = (residuals * residuals).sum(axis=1)
     i = int(np.argmin(rss_all))
     rss, b, r = float(rss_all[i]), breaks[i], residuals[i]
     floor = n * (BEND_NOISE_FLOOR * mean) ** 2
     if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
-        return _line(t, y)  # no bend the data insist on: the whole window's line
+        return line_fit(t, y), 0  # no bend the data insist on: the whole window's line
     # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
     cov = inverse[i] * max(rss, floor) / (n - 3)
     tail = r[b:]
@@ -205,7 +212,7 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
     variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
     slope = float(beta[i, 1] + beta[i, 2])
     now = float(beta[i, 0] + beta[i, 2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend
-    return slope, t95(n - 3) * math.sqrt(max(variance, 0.0)), now, n
+    return (slope, t95(n - 3) * math.sqrt(max(variance, 0.0)), now, n), b
 
 
 def recent_growth_low(points: Sequence[Sequence[float]]) -> float | None:
@@ -355,7 +362,7 @@ def line_eta_band(points: Sequence[Sequence[float]], limit: float | None) -> dic
     gap = limit - float(pts[-1][1])
     if gap <= 0:
         return {"eta_low_s": 0.0, "eta_high_s": 0.0, "fitted_over_s": span}
-    slope, half, _, _ = _line(t, np.array([p[1] for p in pts], dtype="float64"))
+    slope, half, _, _ = line_fit(t, np.array([p[1] for p in pts], dtype="float64"))
     if slope <= 0:
         return None
     steepest, flattest = slope + half, slope - half
