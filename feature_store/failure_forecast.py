@@ -10,9 +10,9 @@ one that fails is seen a whole timeout after it began. :func:`failure_eta` steps
 coming checkpoints on the trend and returns when the first one expires.
 
 Its band: the trend's slope at the bounds of its 95 % interval (and between them: a steeper trend
-can postpone the failure, by one more checkpoint that just completes), and the same points read
-as exponential growth (the log of the metric on its trend), a deepening deficit a line cannot
-see: its early end where that is sooner. Its late end allows the JobManager a second to report
+can postpone the failure, by one more checkpoint that just completes), and the same points since
+the trend's last change of pace read as exponential growth (a line through the log of the
+metric), a deepening deficit a line cannot see: its early end where that is sooner. Its late end allows the JobManager a second to report
 the expiry.
 
 Pure functions of ``[(ts_ms, value), ...]`` and a :class:`Cadence`, no I/O.
@@ -102,7 +102,7 @@ def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence:
     logs = line_fit(t, np.log(np.maximum([p[1] for p in since], limit * LOG_FLOOR)))
     if logs[0] + logs[1] > 0:
         steep = _first_expiry(Trend(logs[2], (logs[0] + logs[1]) / 1000.0, origin, exponential=True), limit, cadence)
-        low = min(low, steep) if steep is not None else low
+        low = min(low, steep)
     high = None if len(bounded) < len(linear) else max(bounded) + EXPIRY_REPORTED_WITHIN_MS
     return {"eta_s": eta / 1000.0, "eta_low_s": low / 1000.0, "eta_high_s": None if high is None else high / 1000.0,
             "fitted_over_s": (pts[-1][0] - pts[0][0]) / 1000.0}
