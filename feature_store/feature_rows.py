@@ -15,7 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 from feature_store import trajectory as growth
 from feature_store.definitions import BARRIER_WAIT_FORECAST_COLUMNS, TIMEOUT_FORECAST_COLUMNS, VERTEX_FEATURES
-from feature_store.failure_forecast import cadence_of, failure_eta
+from feature_store.failure_forecast import Cadence, cadence_of, failure_eta
 from feature_store.numeric import (
     LongTimes,
     barrier_wait,
@@ -41,7 +41,9 @@ class FeatureRows:
         base = {"cluster": self.cluster, "job_id": self.job_id, "job_name": self.job_name, "ts": ts,
                 "trigger_kind": trigger_kind, "is_late": False, "job_state": self.status.get("state"),
                 "last_failure_message": self.last_failure[1] if self.last_failure else None}
-        job = self._job_features(ts)
+        forecast_version = self._forecast_version()
+        since_checkpoint_s = self._since_checkpoint_s(ts)
+        job = self._job_features(forecast_version, since_checkpoint_s)
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         # The memoised parts are floats already (converted once, when computed, not for every row).
         polled = {vid: self._memoised(("polls", vid), self._poll_seq.get(vid, 0), self._poll_features, vid)
@@ -49,8 +51,6 @@ class FeatureRows:
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
         checkpoint_version = (self.age_checkpoints, self._limit())
-        forecast_version = self._forecast_version()
-        since_checkpoint_s = self._since_checkpoint_s(ts)
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
             checkpointed, hot_state, state_skew = self._memoised(
@@ -88,7 +88,7 @@ class FeatureRows:
         limit = self.status.get("max_state_size_bytes")
         return float(limit) if limit else None
 
-    def _job_features(self, ts: int) -> dict[str, Any]:
+    def _job_features(self, forecast_version: tuple, since_checkpoint_s: float) -> dict[str, Any]:
         started = self._started_ts()
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
                              "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
@@ -104,8 +104,8 @@ class FeatureRows:
         interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
         f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
         f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
-        f.update(_aged(self._memoised(("timeout", JOB), self._forecast_version(), self._timeout_forecast, JOB),
-                       TIMEOUT_FORECAST_COLUMNS, self._since_checkpoint_s(ts)))
+        f.update(_aged(self._memoised(("timeout", JOB), forecast_version, self._timeout_forecast, JOB),
+                       TIMEOUT_FORECAST_COLUMNS, since_checkpoint_s))
         for name in ("job_age_s", "checkpoint_interval_ms", "state_growth_bytes_per_record",
                      "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout"):
             if f[name] is not None:
@@ -172,18 +172,22 @@ class FeatureRows:
         """Seconds from the last checkpoint's end (where the timeout forecasts count from) to ``ts``."""
         return max(0.0, (ts - self.checkpoints[-1][0]) / 1000.0) if self.checkpoints else 0.0
 
+    def _cadence(self) -> Cadence | None:
+        """The checkpoints' cadence the timeout forecasts step through, once per checkpoint."""
+        return self._memoised(("cadence", JOB), self._forecast_version(),
+                              lambda _: cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")), JOB)
+
     def _timeout_forecast(self, _: str) -> dict[str, float | None]:
         """When the first checkpoint fails on the trend of completed checkpoints' duration."""
         timeout = self.status.get("checkpoint_timeout_ms")
-        eta = failure_eta(self.durations, timeout, cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")))
+        eta = failure_eta(self.durations, timeout, self._cadence())
         return _floats({"checkpoint_timeout_ms": timeout, **_forecast_columns(eta, TIMEOUT_FORECAST_COLUMNS)})
 
     def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
         """When the first checkpoint fails on the trend of a vertex's barrier wait (largest start
         delay plus largest alignment) over its last checkpoints, completed or failed."""
         waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]
-        eta = failure_eta(waits, self.status.get("checkpoint_timeout_ms"),
-                          cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")))
+        eta = failure_eta(waits, self.status.get("checkpoint_timeout_ms"), self._cadence())
         return _floats(_forecast_columns(eta, BARRIER_WAIT_FORECAST_COLUMNS))
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
