@@ -47,6 +47,11 @@ A rule may also require **evidence**: at least one of some feature columns at or
 a restart or a full JobManager heap; the backpressure rule wants another vertex waiting on this
 one). A decision nobody could explain from the incident is not made.
 
+A rule may also require an **impact**: at least one of other feature columns at or above a
+minimum, what the fault already does to the job (the backpressure rule's: checkpoints taking a
+quarter of their interval, or a vertex waiting on this one more than half the time, Flink's HIGH;
+backpressure that neither holds barriers back nor is high is a job running near its capacity).
+
 A rule may name **counter-evidence** (``refused_by``): feature columns at or above a maximum
 that refuse the decision (the skew rule's: a vertex itself backpressured half the time, whose
 input rates its downstream sets, not its keys).
@@ -81,6 +86,9 @@ from pipelines.families.state_leak import (GROWTH_COLUMNS, SHAPE_COLUMNS, fills_
 # that order; longer warm-ups are declared per job (see ``detection.job_overrides``).
 DEFAULT_WARMUP_HORIZON_S = 180.0
 
+# The rule's fields that are (column, bound) pairs.
+GROUPS = ("evidence", "impact", "decisive", "refused_by")
+
 GUARD_COLUMNS = tuple(dict.fromkeys(("job_age_s", "job_age_checkpoints", "limit_eta_s", "vertex_state_over_plateau",
                                       "state_over_plateau") + GROWTH_COLUMNS + SHAPE_COLUMNS))
 
@@ -103,6 +111,7 @@ class PostRule:
     min_checkpoints: int = 6  # with the guard: a trend of fewer checkpoints seen is noise
     min_growth_per_h: float = 0.05
     evidence: tuple[tuple[str, float], ...] = ()
+    impact: tuple[tuple[str, float], ...] = ()
     startup_s: float = 0.0  # no decision this soon after the job (re)started
     decisive: tuple[tuple[str, float], ...] = ()
     refused_by: tuple[tuple[str, float], ...] = ()
@@ -250,17 +259,15 @@ class PostRule:
     def guard_columns(self) -> tuple[str, ...]:
         """The feature columns the rule's guards and evidence read."""
         return ((GUARD_COLUMNS if self.warmup_guard else ()) + (("job_age_s",) if self.startup_s else ())
-                + tuple(c for c, _ in self.evidence) + tuple(c for c, _ in self.decisive)
+                + tuple(c for c, _ in self.evidence + self.impact) + tuple(c for c, _ in self.decisive)
                 + tuple(c for c, _ in self.refused_by))
 
     def _decided_and_held(self, counts: np.ndarray, columns: Mapping[str, np.ndarray], horizon_s: np.ndarray,
                           grown: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         scored = counts >= self.k
-        if self.evidence:
-            shown = np.zeros(len(counts), dtype=bool)
-            for column, minimum in self.evidence:
-                shown |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
-            scored &= shown
+        for group in (self.evidence, self.impact):
+            if group:
+                scored &= _any_at_least(columns, group)
         for column, minimum in self.decisive:
             scored |= np.nan_to_num(columns[column], nan=-np.inf) >= minimum
         for column, maximum in self.refused_by:
@@ -324,7 +331,7 @@ class PostRule:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), **{name: [list(e) for e in getattr(self, name)]
-                                   for name in ("evidence", "decisive", "refused_by")}}
+                                   for name in GROUPS}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PostRule":
@@ -333,7 +340,7 @@ class PostRule:
         if "warmup_s" in d:  # a rule saved before the horizon moved to the config
             values["warmup_guard"] = bool(d["warmup_s"])
         return cls(**{**values, **{name: tuple(tuple(e) for e in d.get(name, ()))
-                                   for name in ("evidence", "decisive", "refused_by")}})
+                                   for name in GROUPS}})
 
     # --- calibration ------------------------------------------------------------------------------
 
@@ -379,3 +386,8 @@ def _value(row: Mapping[str, Any], name: str) -> float:
 def _vertex_else_job(vertex_values, job_values) -> np.ndarray:
     values = np.asarray(vertex_values, dtype="float64")
     return np.where(np.isnan(values), np.asarray(job_values, dtype="float64"), values)
+
+
+def _any_at_least(columns: Mapping[str, np.ndarray], group: Sequence[tuple[str, float]]) -> np.ndarray:
+    """Where at least one of ``group``'s columns is at or above its minimum (NaN: not)."""
+    return np.logical_or.reduce([np.nan_to_num(columns[column], nan=-np.inf) >= minimum for column, minimum in group])

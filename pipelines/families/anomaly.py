@@ -12,10 +12,9 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family
+from pipelines.families.base import STARTUP_S, Family
 
 NAME = "anomaly"
-STARTUP_S = 60.0  # a job's first checkpoints are not its usual behaviour
 
 
 class Anomaly(Family):

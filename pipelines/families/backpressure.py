@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family, Plot, col, fired, num
+from pipelines.families.base import STARTUP_S, Family, Plot, col, fired, num
 
 NAME = "backpressure"
 
@@ -58,8 +58,12 @@ FAMILY = Backpressure(
         ("alignment_rel_slope_per_h", 1), ("persisted_inflight_rel_slope_per_h", 1),
         ("checkpoint_duration_over_interval", 1), ("checkpoint_duration_over_timeout", 1)),
     # Another vertex waiting on this one: a busy vertex alone (an operator starting up, PyFlink's
-    # Python workers) is not backpressure.
-    post_rule=(("evidence", (("others_backpressured_max", 0.1),)),),
+    # Python workers) is not backpressure; nor is a job catching up in its first minute. And an
+    # impact: checkpoints a quarter of their interval long (barriers held back), or the wait high
+    # (Flink's HIGH, over half the time: unaligned barriers overtake it); a low wait that neither
+    # holds barriers back is a job near its capacity (large state snapshotting), not an incident.
+    post_rule=(("startup_s", STARTUP_S), ("evidence", (("others_backpressured_max", 0.1),)),
+               ("impact", (("checkpoint_duration_over_interval", 0.25), ("others_backpressured_max", 0.5)))),
     recent_column="busy_max",
     runbook=(
         "Scale out the bottleneck vertex named in the evidence (more parallelism or resources), or "

@@ -21,6 +21,10 @@ import numpy as np
 import pandas as pd
 
 MIB = 1024 * 1024
+# No decision this soon after a job (re)started: Flink's rates and busy times are one-minute meters
+# that still hold the start-up (Python workers starting, a backlog caught up), and a job's first
+# checkpoints are not its usual behaviour.
+STARTUP_S = 60.0
 # A forecast of completed checkpoints' duration against their timeout: the warning that they will fail.
 TIMEOUT_METRIC = "checkpoint_duration_ms"
 # And of a vertex's barrier wait (start delay and alignment) against the same timeout: backpressure's.

@@ -11,11 +11,9 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from pipelines.families.base import Family, Plot, col, fired, num
+from pipelines.families.base import STARTUP_S, Family, Plot, col, fired, num
 
 NAME = "skew"
-# Flink's rates are one-minute meters that fill unevenly across subtasks after a (re)start.
-STARTUP_S = 60.0
 
 
 class Skew(Family):

@@ -193,6 +193,20 @@ def test_decisive_evidence_decides_whatever_the_score_and_a_guard_still_holds_it
     assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
 
 
+def test_an_impact_is_asked_beside_the_evidence():
+    # The backpressure rule's: another vertex waiting, and checkpoints held back or the wait high.
+    rule = PostRule(0.5, 1, 1, evidence=(("others_backpressured_max", 0.1),),
+                    impact=(("checkpoint_duration_over_interval", 0.25), ("others_backpressured_max", 0.5)))
+    frame = pd.DataFrame({"cluster": "c", "job_id": ["barriers-held", "high-wait", "low-wait", "no-wait", "unknown"],
+                          "vertex_id": "v", "ts": 1, "score": 0.95,
+                          "others_backpressured_max": [0.15, 0.8, 0.25, 0.0, 0.3],
+                          "checkpoint_duration_over_interval": [1.2, 0.01, 0.05, 3.0, None]})
+    assert rule.decisions(frame).tolist() == [True, True, False, False, False]
+    assert [rule.decide([0.95], row) for row in frame.to_dict("records")] == [True, True, False, False, False]
+    assert PostRule.from_dict(json.loads(json.dumps(rule.to_dict()))) == rule
+    assert PostRule.from_dict({k: v for k, v in rule.to_dict().items() if k != "impact"}).impact == ()  # saved before
+
+
 def test_counter_evidence_refuses_a_decision_however_high_the_score():
     rule = PostRule(0.5, 1, 1, evidence=(("records_in_hot_excess", 0.1), ("state_hot_excess", 0.1)),
                     refused_by=(("backpressured_max", 0.5),))
