@@ -12,6 +12,13 @@ it. The **build-up** is the time from the earliest other fault's onset (the caus
 backpressure, a hot key) to the failure; a failure with no cause in the ground truth (a storage
 outage, a timeout too tight from the start) has none, and no forecast can see it coming.
 
+A warning can also not come true: per run whose checkpoints never fail, the first forecast
+within the horizon is a **warning without a failure** (:func:`warnings_without_failure`); on a
+healthy run it is a false warning, on a faulty one (backpressure in episodes that drain) a
+cause's forecast that its fault did not keep. It is **overdue** where one of the run's warnings
+saw its band's late end pass while the run went on; a band that reaches past the run's end
+could not yet be wrong.
+
 ``with_forecasts=False`` judges incidents as the static alarms are used today: only an opened
 ``checkpoint_failure`` incident warns, so its lead time is at best zero.
 
@@ -111,6 +118,48 @@ def lead_times(truths: Iterable[dict], incidents: Sequence[dict], warning_horizo
             at, event["family"] if event else None,
             forecast and forecast["eta_ms"], forecast and forecast.get("eta_low_ms", forecast["eta_ms"]),
             forecast.get("eta_high_ms") if forecast else None, forecast and forecast["metric"]))
+    return out
+
+
+def fails(truth: dict) -> bool:
+    """Whether the run's ground truth has a failed checkpoint."""
+    return any(f["family"] in CHECKPOINT_FAILURES for f in truth.get("faults") or [])
+
+
+@dataclass(frozen=True)
+class WarningWithoutFailure:
+    run: str
+    job_id: str
+    healthy: bool  # the run has no fault at all
+    warning_ts: int  # the first forecast within the horizon
+    family: str  # of the incident that carried it
+    eta_ms: int
+    metric: str
+    overdue: bool  # a warning's band passed while the run went on, no failure come
+
+
+def warnings_without_failure(truths: Iterable[dict], incidents: Sequence[dict],
+                             warning_horizon_ms: Callable[[str], float]) -> list[WarningWithoutFailure]:
+    """One :class:`WarningWithoutFailure` per run without a checkpoint failure whose incidents
+    carried a forecast of a checkpoint limit within the job's warning horizon."""
+    by_job: dict[tuple[str, str], list[dict]] = {}
+    for incident in incidents:
+        by_job.setdefault((incident["cluster"], incident["job_id"]), []).append(incident)
+    out = []
+    for truth in truths:
+        if fails(truth):
+            continue
+        horizon, end = warning_horizon_ms(truth.get("job_name") or ""), truth.get("end_ts")
+        warnings = sorted((w for e in by_job.get((truth["cluster"], truth["job_id"]), [])
+                           if (w := _warning(e, horizon, True)) is not None and w[2] is not None), key=lambda w: w[0])
+        if not warnings:
+            continue
+        at, event, forecast = warnings[0]
+        overdue = end is not None and any(f.get("eta_high_ms") is not None and t + f["eta_high_ms"] < end
+                                          for t, _, f in warnings)
+        out.append(WarningWithoutFailure(truth.get("run_id") or truth["job_name"], truth["job_id"],
+                                         not truth.get("faults"), at, event["family"], forecast["eta_ms"],
+                                         forecast["metric"], overdue))
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -52,6 +52,8 @@ class Evaluation:
     lead: list[lead_time.LeadTime] = field(default_factory=list)  # runs with a checkpoint failure: the champions'
     baseline_lead: list[lead_time.LeadTime] = field(default_factory=list)  # and the static alarms' (no forecast)
     resolve_after_s: float = 600.0  # the policy's clear time: a fault that ends resolves this long after
+    # runs whose checkpoints never failed, warned all the same (the champions'; static alarms never forecast)
+    unfailing_warned: list[lead_time.WarningWithoutFailure] = field(default_factory=list)
 
     def ending_lines(self) -> list[str]:
         """Per fault that ends in its run (a leak fixed): when it ended, when its incidents
@@ -106,6 +108,27 @@ class Evaluation:
             lines.append(f"{cause or 'all':<19} {m['runs']:>4.0f} {m['warned']:>6.0f} {_sec(m['lead_s_median']):>11}"
                          f" {_pct(m['eta_error_median']):>18} {_pct(m['band_held']):>9} {in_time:>24}"
                          f" | {_sec(b['lead_s_median']):>19}")
+        return lines
+
+    def unfailing_warning_lines(self) -> list[str]:
+        """Per run whose checkpoints never failed but were forecast to (within the warning
+        horizon): the first warning, and whether a warning's band passed while the run went on
+        (overdue); then how many healthy and faulty runs were warned."""
+        unfailing = [t for t in self.truths if not lead_time.fails(t)]
+        healthy = sum(not t.get("faults") for t in unfailing)
+        warned = self.unfailing_warned
+        header = f"{'run':<58} {'run is':<8} {'warned at':>9} {'by':<14} {'ETA':>6} {'overdue':>7} metric"
+        lines = [header, "-" * len(header)] if warned else []
+        starts = {t["job_id"]: t.get("start_ts") for t in self.truths}
+        for w in warned:
+            start = starts.get(w.job_id) or w.warning_ts
+            lines.append(f"{fit(w.run, 58)} {'healthy' if w.healthy else 'faulty':<8} {_ms(w.warning_ts - start):>9}"
+                         f" {fit(w.family, 14)} {_ms(w.eta_ms):>6} {_yes(w.overdue):>7} {w.metric}")
+        on_healthy = [w for w in warned if w.healthy]
+        on_faulty = [w for w in warned if not w.healthy]
+        lines.append(f"healthy runs warned: {len(on_healthy)} of {healthy} (overdue {sum(w.overdue for w in on_healthy)});"
+                     f" faulty runs whose checkpoints never failed, warned: {len(on_faulty)} of"
+                     f" {len(unfailing) - healthy} (overdue {sum(w.overdue for w in on_faulty)})")
         return lines
 
     def stratum_lines(self) -> list[str]:
@@ -267,7 +290,8 @@ def evaluate_dataset(config: SentinelConfig, dataset: Path, split: str,
                       {run: s for run, s in strata.items() if run in named},
                       lead_time.lead_times(truths, result.incidents, horizon_ms),
                       lead_time.lead_times(truths, baseline_incidents, horizon_ms, with_forecasts=False),
-                      settings.resolve_after_ms / 1000.0)
+                      settings.resolve_after_ms / 1000.0,
+                      lead_time.warnings_without_failure(truths, result.incidents, horizon_ms))
 
 
 def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
@@ -286,6 +310,8 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                 "```", *evaluation.run_lines(), "```", "",
                 *(["## Before the first failed checkpoint (lead time: from the first warning to the first failure)",
                    "", "```", *evaluation.lead_lines(), "```", ""] if evaluation.lead else []),
+                "## Warnings on runs whose checkpoints never failed", "", "```",
+                *evaluation.unfailing_warning_lines(), "```", "",
                 *(["## Faults that end (a fixed leak: its incident resolves)", "", "```", *evaluation.ending_lines(),
                    "```", ""] if evaluation.comparison.ended else []),
                 "## Runs", ""]
@@ -301,6 +327,7 @@ def write_report(evaluation: Evaluation, directory: Path, title: str) -> Path:
                           for stratum, (runs, m, b) in evaluation.stratum_metrics().items()},
                "lead_times": [_lead(r) for r in evaluation.lead],
                "baseline_lead_times": [_lead(r) for r in evaluation.baseline_lead],
+               "warnings_without_failure": [asdict(w) for w in evaluation.unfailing_warned],
                "ended": evaluation.comparison.ended, "baseline_ended": evaluation.baseline.ended,
                "resolve_after_s": evaluation.resolve_after_s,
                "runs": [{"run": r.run, "job_id": r.job_id, "expected": r.expected, "found": r.found,

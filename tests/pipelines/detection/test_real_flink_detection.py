@@ -192,5 +192,10 @@ def test_sentinel_evaluate_writes_a_report_with_a_plot_per_run(evaluation, tmp_p
     assert "## Before the first failed checkpoint" in text and "static lead" in text
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert {r["run"] for r in results["lead_times"]} == {r.run for r in evaluation.lead} != set()
+    # And the forecasts on runs whose checkpoints never failed.
+    assert "## Warnings on runs whose checkpoints never failed" in text and "healthy runs warned: " in text
+    failing = {r.job_id for r in evaluation.lead}
+    assert [w["run"] for w in results["warnings_without_failure"]] == [w.run for w in evaluation.unfailing_warned]
+    assert all(w.job_id not in failing for w in evaluation.unfailing_warned)
     lines = (tmp_path / "report" / "incidents.jsonl").read_text().splitlines()
     assert [json.loads(line)["incident_id"] for line in lines] == [i["incident_id"] for i in evaluation.incidents]

@@ -2,15 +2,15 @@
 
 import math
 
-from pipelines.incidents.lead_time import LeadTime, lead_times, summary
+from pipelines.incidents.lead_time import LeadTime, fails, lead_times, summary, warnings_without_failure
 
 START = 1_000_000
 HORIZON_MS = 900_000
 
 
-def _truth(faults, job_id="j1", run="run-1"):
+def _truth(faults, job_id="j1", run="run-1", end_s=3600):
     return {"cluster": "lab", "job_id": job_id, "job_name": f"lab-{run}", "run_id": run, "start_ts": START,
-            "faults": faults}
+            "end_ts": START + end_s * 1000, "faults": faults}
 
 
 def _event(kind, family, at_s, forecasts=(), job_id="j1", incident="i1"):
@@ -101,3 +101,26 @@ def test_summary_per_cause():
     assert leak["band_held"] == 0.5  # 150 s's band starts at 120 s: 100 s is before it
     assert leak["warned_in_time"] == 1 and leak["build_ups"] == 2
     assert summary(runs)["runs"] == 3 and summary(runs, "backpressure")["warned_in_time"] == 1
+
+
+def test_a_forecast_on_a_run_whose_checkpoints_never_fail_is_told_and_overdue_once_its_band_passed():
+    episodes = _truth([{"family": "backpressure", "onset_ts": START + 75_000, "vertex_id": "v"}], job_id="j2",
+                      run="episodes")
+    healthy, quiet = _truth([], job_id="j3", run="twin"), _truth([], job_id="j4", run="quiet")
+    short = _truth([], job_id="j5", run="short", end_s=300)
+    events = [_event("updated", "state_leak", 360, [_timeout(200, 150, 300)]),  # the failing run: not here
+              _event("opened", "backpressure", 100, job_id="j2", incident="b"),  # no forecast yet
+              _event("updated", "backpressure", 130, [_timeout(2000, 1500, 2500)], job_id="j2", incident="b"),
+              _event("updated", "backpressure", 140, [_timeout(90, 60, None)], job_id="j2", incident="b"),
+              _event("updated", "backpressure", 160, [_timeout(90, 60, 120)], job_id="j2", incident="b"),
+              _event("opened", "backpressure", 70, [_timeout(300, 200, 400)], job_id="j3", incident="c"),
+              _event("opened", "skew", 70, job_id="j4", incident="d"),  # an incident, but no forecast
+              # the run ends at 300 s, before the band's late end (100 + 240 s): it could not be wrong yet
+              _event("opened", "backpressure", 100, [_timeout(180, 120, 240)], job_id="j5", incident="e")]
+    warned = warnings_without_failure([_truth(LEAK_TO_TIMEOUT), episodes, healthy, quiet, short], events,
+                                      lambda name: HORIZON_MS)
+    # the episodes' first warning is at 140 s (unbounded above); at 160 s a band ends at 280 s and the run goes on
+    assert [(w.run, w.healthy, w.warning_ts - START, w.family, w.eta_ms, w.overdue) for w in warned] == [
+        ("episodes", False, 140_000, "backpressure", 90_000, True), ("twin", True, 70_000, "backpressure", 300_000, True),
+        ("short", True, 100_000, "backpressure", 180_000, False)]
+    assert not fails(healthy) and fails(_truth(LEAK_TO_TIMEOUT))
