@@ -93,9 +93,7 @@ def lead_times(truths: Iterable[dict], incidents: Sequence[dict], warning_horizo
                with_forecasts: bool = True) -> list[LeadTime]:
     """One :class:`LeadTime` per run with a checkpoint failure; ``warning_horizon_ms(job_name)``:
     how far ahead a forecast warns for that job (``detection.warning_horizon_s``)."""
-    by_job: dict[tuple[str, str], list[dict]] = {}
-    for incident in incidents:
-        by_job.setdefault((incident["cluster"], incident["job_id"]), []).append(incident)
+    by_job = _by_job(incidents)
     out = []
     for truth in truths:
         faults = truth.get("faults") or []
@@ -135,16 +133,14 @@ class WarningWithoutFailure:
     family: str  # of the incident that carried it
     eta_ms: int
     metric: str
-    overdue: bool  # a warning's band passed while the run went on, no failure come
+    overdue: bool  # a warning's band passed while the run went on, and no failure came
 
 
 def warnings_without_failure(truths: Iterable[dict], incidents: Sequence[dict],
                              warning_horizon_ms: Callable[[str], float]) -> list[WarningWithoutFailure]:
     """One :class:`WarningWithoutFailure` per run without a checkpoint failure whose incidents
     carried a forecast of a checkpoint limit within the job's warning horizon."""
-    by_job: dict[tuple[str, str], list[dict]] = {}
-    for incident in incidents:
-        by_job.setdefault((incident["cluster"], incident["job_id"]), []).append(incident)
+    by_job = _by_job(incidents)
     out = []
     for truth in truths:
         if fails(truth):
@@ -161,6 +157,13 @@ def warnings_without_failure(truths: Iterable[dict], incidents: Sequence[dict],
                                          not truth.get("faults"), at, event["family"], forecast["eta_ms"],
                                          forecast["metric"], overdue))
     return out
+
+
+def _by_job(incidents: Sequence[dict]) -> dict[tuple[str, str], list[dict]]:
+    by_job: dict[tuple[str, str], list[dict]] = {}
+    for incident in incidents:
+        by_job.setdefault((incident["cluster"], incident["job_id"]), []).append(incident)
+    return by_job
 
 
 def _warning(event: dict, horizon_ms: float, with_forecasts: bool) -> tuple[int, dict, dict | None] | None:
