@@ -7,6 +7,7 @@ folder; every test gets topics of its own, so tests never see each other's recor
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -30,6 +31,11 @@ if "-XX:TieredStopAtLevel" not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
 # Expectations imports it (expecting an ImportError it handles), so a worker would exit mid-collection.
 if os.environ.get("PYTEST_XDIST_WORKER") and not hasattr(sys.modules["__main__"], "__file__"):
     sys.modules["__main__"].__file__ = "<pytest-xdist worker>"
+
+# Client threads (kafka-python's) can outlive the test whose captured stream they log to; a
+# logging error there is noise, and its traceback, formatted while other tests run, is what made
+# CPython 3.11 fail a concurrent ast.parse (tests/helpers/modules.py, ``parse``).
+logging.raiseExceptions = False
 
 from infra.embedded_stack import EmbeddedStack, free_port  # noqa: E402
 from pipelines.config import SentinelConfig, TopicsConfig, load_config  # noqa: E402

@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 from pipelines.families import FAMILIES
-from tests.helpers.modules import ROOT, product_modules
+from tests.helpers.modules import ROOT, parse, product_modules
 
 ALLOWED = ("pipelines.families", "pipelines.lab", "pipelines.simulator")
 CONSTANTS = {"STATE_LEAK", "BACKPRESSURE", "SKEW", "CHECKPOINT_FAILURE", "ANOMALY"}
@@ -42,7 +42,7 @@ def _is_family_value(node: ast.AST) -> bool:
 def family_branches(source: str) -> list[tuple[int, str]]:
     """(line, what) of every family-specific comparison and family-keyed dict in ``source``."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_is_family_value(s) for s in sides) and any(_names_a_family(s) for s in sides):

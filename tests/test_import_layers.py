@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.modules import PACKAGES, ROOT, product_modules
+from tests.helpers.modules import PACKAGES, ROOT, parse, product_modules
 
 # Lowest first. A module belongs to the longest prefix listed (pipelines.detection.job to
 # pipelines.detection). Each layer may import its own and the ones before it, never one after it.
@@ -48,7 +48,7 @@ def imported(source: str, module: str, is_package: bool) -> list[tuple[int, str]
     """(line, module) of every import of the product's packages in ``source``; ``from a import b``
     counts as ``a.b`` (``b`` may be a module), relative imports resolved against ``module``."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.helpers.modules import parse
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -12,7 +14,7 @@ def imported_modules(source: str, package: tuple[str, ...]) -> list[tuple[int, s
     """``(line, dotted name)`` of every module ``source`` imports, relative imports resolved against
     ``package`` (``from x import y`` counts ``x`` and ``x.y``: ``y`` may be a module)."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

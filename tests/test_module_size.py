@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.helpers.modules import PACKAGES, ROOT, product_modules
+from tests.helpers.modules import PACKAGES, ROOT, parse, product_modules
 
 MAX_INIT_LINES = 40
 MAX_MODULE_LINES = 500
@@ -22,7 +22,7 @@ def defined_and_re_exported(source: str) -> tuple[int, int]:
     functions, classes and assigned names count as defined, except ``__all__``; an import of the
     standard library or a third party is the module's own code, not a re-export."""
     defined = re_exported = 0
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         if isinstance(node, ast.ImportFrom):
             if node.level or (node.module or "").split(".")[0] in PACKAGES:
                 re_exported += len(node.names)
@@ -38,7 +38,7 @@ def defined_and_re_exported(source: str) -> tuple[int, int]:
 
 def says_it_is_one_piece(source: str) -> bool:
     """Whether the opening docstring has a line beginning "One piece:" (the reason follows)."""
-    docstring = ast.get_docstring(ast.parse(source)) or ""
+    docstring = ast.get_docstring(parse(source)) or ""
     return any(line.strip().lower().startswith("one piece:") for line in docstring.splitlines())
 
 
