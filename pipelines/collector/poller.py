@@ -62,9 +62,7 @@ log = logging.getLogger(__name__)
 # well past the REST and metric caches' staleness, and tolerant of some clock skew between the
 # collector and the JobManager.
 SETTLE_MS = 30_000
-# A checkpoint config that does not name the storage is kept only after this long: a loaded
-# JobManager served the starting job's sparse graph (no storage) for over 27 s of a running job.
-CHECKPOINT_CONFIG_SETTLE_MS = 120_000
+CHECKPOINT_CONFIG_SETTLE_MS = SETTLE_MS
 CONFIG_REREAD_S = 600  # the JobManager's metric refresh interval is read again this often
 
 
@@ -301,9 +299,9 @@ class ClusterCollector:
         self._metrics_asked_ms[job_id] = sampled_at
         return True
 
-    def _settled(self, job: dict, state: str, sampled_at: int, settle_ms: int = SETTLE_MS) -> bool:
+    def _settled(self, job: dict, state: str, sampled_at: int) -> bool:
         changed_at = job.get("last-modification")  # the last change of the job's or a task's state
-        return state == "RUNNING" and isinstance(changed_at, int) and sampled_at - changed_at >= settle_ms
+        return state == "RUNNING" and isinstance(changed_at, int) and sampled_at - changed_at >= SETTLE_MS
 
     async def _poll_job(self, job: dict, jm_metrics: dict, result: PollResult) -> tuple[list[dict], Callable[[], None]]:
         job_id = job["jid"]
@@ -398,9 +396,8 @@ class ClusterCollector:
         3 s by default). Just after a job starts, that can still be the starting job's sparse
         graph: the interval without the storage, or a 404. So an answer that names the storage is
         kept at once, and any other only once the job has run, unchanged, for longer than the
-        cache can be stale (``CHECKPOINT_CONFIG_SETTLE_MS``); before that it is asked again at the
-        next poll. Keeping a stale answer would lose the JobManager storage's state limit for the
-        job's whole life."""
+        cache can be stale; before that it is asked again at the next poll. Keeping a stale
+        answer would lose the JobManager storage's state limit for the job's whole life."""
         job_id = job["jid"]
         try:
             config = await self.rest.get(f"/jobs/{job_id}/checkpoints/config")
@@ -408,7 +405,7 @@ class ClusterCollector:
             if exc.status != 404:  # a job without checkpointing has no checkpoint config
                 raise
             config = {}
-        if config.get("checkpoint_storage") or self._settled(job, state, sampled_at, CHECKPOINT_CONFIG_SETTLE_MS):
+        if config.get("checkpoint_storage") or self._settled(job, state, sampled_at):
             self._checkpoint_config[job_id] = config
         return config
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from pipelines.cli import main
-from pipelines.collector import CHECKPOINT_CONFIG_SETTLE_MS, SETTLE_MS, ClusterCollector, run_collector
+from pipelines.collector import ClusterCollector, run_collector
 from pipelines.config import CollectorConfig, FlinkClusterEndpoint
 from pipelines.contracts import INPUT
 from pipelines.io import kafka_clients
@@ -281,8 +281,7 @@ def test_a_restarting_job_is_followed_through_its_restart(tmp_path):
 def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_storage(tmp_path):
     """Just after a job starts, Flink's REST cache can answer ``/checkpoints/config`` from the
     starting job's graph, without the storage. The collector asks again rather than losing the
-    JobManager storage's state limit for the job's whole life; a job's answer is kept once it has
-    run unchanged for ``CHECKPOINT_CONFIG_SETTLE_MS``."""
+    JobManager storage's state limit for the job's whole life; a settled job's answer is kept."""
     import copy
 
     polls = copy.deepcopy(recorded_polls("leak"))
@@ -303,20 +302,16 @@ def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_stor
     assert limits == [None, 5 * 1024 * 1024, 5 * 1024 * 1024]
     assert flink.requests.count(config_path) == 2  # asked again once, then kept
 
-    # Past the other answers' settling, an answer without the storage is still asked again (a
-    # loaded JobManager serves the starting graph for longer); past the config's own, it is kept.
-    for settled_ms, asked in ((SETTLE_MS + 1000, 2), (CHECKPOINT_CONFIG_SETTLE_MS + 1000, 1)):
-        settled = (job["last-modification"] + settled_ms) / 1000
-        published.clear()
-        with RecordedFlink([starting, starting]) as flink:
-            collector = ClusterCollector(FlinkClusterEndpoint(name="lab", rest_url=flink.url),
-                                         settings(tmp_path / f"settled{settled_ms}"), published.extend,
-                                         clock=lambda: settled)
-            collector.poll()
-            flink.poll = 1
-            collector.poll()
-        assert flink.requests.count(config_path) == asked, settled_ms
-        assert [e["max_state_size_bytes"] for e in published if e["kind"] == "job_status"] == [None, None]
+    settled = job["last-modification"] / 1000 + 60
+    published.clear()
+    with RecordedFlink([starting, starting]) as flink:
+        collector = ClusterCollector(FlinkClusterEndpoint(name="lab", rest_url=flink.url),
+                                     settings(tmp_path / "settled"), published.extend, clock=lambda: settled)
+        collector.poll()
+        flink.poll = 1
+        collector.poll()
+    assert flink.requests.count(config_path) == 1  # a settled job's answer is kept, storage or not
+    assert [e["max_state_size_bytes"] for e in published if e["kind"] == "job_status"] == [None, None]
 
 
 def test_the_collectors_metrics_count_requests_and_each_jobs_time_to_published(tmp_path):
