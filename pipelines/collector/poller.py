@@ -66,6 +66,15 @@ CHECKPOINT_CONFIG_SETTLE_MS = SETTLE_MS
 CONFIG_REREAD_S = 600  # the JobManager's metric refresh interval is read again this often
 
 
+# What the starting job's sparse graph answers for the storage (Flink 2.3), not a storage's name.
+UNKNOWN_STORAGE = "Unknown"
+
+
+def names_storage(checkpoint_config: dict) -> bool:
+    """Whether ``/checkpoints/config`` names the job's checkpoint storage."""
+    return checkpoint_config.get("checkpoint_storage") not in (None, "", UNKNOWN_STORAGE)
+
+
 @dataclass
 class PollResult:
     cluster: str
@@ -394,7 +403,8 @@ class ClusterCollector:
 
         Flink answers it from a cached execution graph (refreshed every ``web.refresh-interval``,
         3 s by default). Just after a job starts, that can still be the starting job's sparse
-        graph: the interval without the storage, or a 404. So an answer that names the storage is
+        graph: the interval without the storage (Flink 2.3 says ``"Unknown"``), or a 404. So an
+        answer that names the storage is
         kept at once, and any other only once the job has run, unchanged, for longer than the
         cache can be stale; before that it is asked again at the next poll. Keeping a stale
         answer would lose the JobManager storage's state limit for the job's whole life."""
@@ -405,7 +415,7 @@ class ClusterCollector:
             if exc.status != 404:  # a job without checkpointing has no checkpoint config
                 raise
             config = {}
-        if config.get("checkpoint_storage") or self._settled(job, state, sampled_at):
+        if names_storage(config) or self._settled(job, state, sampled_at):
             self._checkpoint_config[job_id] = config
         return config
 

@@ -278,17 +278,22 @@ def test_a_restarting_job_is_followed_through_its_restart(tmp_path):
     assert len(ids) == len(set(ids)) and set(ids) == finished_ids(polls[1])
 
 
-def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_storage(tmp_path):
+@pytest.mark.parametrize("storage", [None, "Unknown"], ids=["left out", "Unknown"])
+def test_a_starting_jobs_checkpoint_config_is_read_again_until_it_names_the_storage(tmp_path, storage):
     """Just after a job starts, Flink's REST cache can answer ``/checkpoints/config`` from the
-    starting job's graph, without the storage. The collector asks again rather than losing the
-    JobManager storage's state limit for the job's whole life; a settled job's answer is kept."""
+    starting job's graph, without the storage (Flink 2.3 answers ``"Unknown"``, seen by polling a
+    starting lab job). The collector asks again rather than losing the JobManager storage's state
+    limit for the job's whole life; a settled job's answer is kept."""
     import copy
 
     polls = copy.deepcopy(recorded_polls("leak"))
     job = polls[0]["/jobs/overview"]["jobs"][0]
     config_path = f"/jobs/{job['jid']}/checkpoints/config"
     starting = copy.deepcopy(polls[0])
-    del starting[config_path]["checkpoint_storage"]
+    if storage is None:
+        del starting[config_path]["checkpoint_storage"]
+    else:
+        starting[config_path]["checkpoint_storage"] = storage
     just_changed = job["last-modification"] / 1000 + 1  # one second after the job began running
     published: list[dict] = []
     running = {**polls[1], config_path: polls[0][config_path]}  # the replay serves the latest answer
