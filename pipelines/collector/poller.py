@@ -404,10 +404,10 @@ class ClusterCollector:
         Flink answers it from a cached execution graph (refreshed every ``web.refresh-interval``,
         3 s by default). Just after a job starts, that can still be the starting job's sparse
         graph: the interval without the storage (Flink 2.3 says ``"Unknown"``), or a 404. So an
-        answer that names the storage is
-        kept at once, and any other only once the job has run, unchanged, for longer than the
-        cache can be stale; before that it is asked again at the next poll. Keeping a stale
-        answer would lose the JobManager storage's state limit for the job's whole life."""
+        answer that names the storage is kept at once, and any other only once the job has run,
+        unchanged, for longer than the cache can be stale; before that it is asked again at the
+        next poll. Keeping a stale answer would lose the JobManager storage's state limit for the
+        job's whole life."""
         job_id = job["jid"]
         try:
             config = await self.rest.get(f"/jobs/{job_id}/checkpoints/config")
