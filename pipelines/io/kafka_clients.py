@@ -40,6 +40,23 @@ def _common(bootstrap_servers: str | list[str], client_options: Mapping[str, Any
     return {"bootstrap_servers": servers, **normalise_client_options(client_options)}
 
 
+class _ErrorsOfClosedTransports(logging.Filter):
+    """Drops kafka-python's report of a read from a socket its own client had already closed.
+
+    kafka-python 3's network thread can wake for a read just as ``close()`` on the caller's
+    thread drops the socket; it then logs "Error receiving network data" with a traceback
+    (``'NoneType' object has no attribute 'recv'``) about a connection nobody uses any more.
+    The transport it names says whether it was closed on purpose.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and getattr(args[0], "_closed", False) is True and record.levelno >= logging.ERROR)
+
+
+logging.getLogger("kafka.net.transport").addFilter(_ErrorsOfClosedTransports())
+
+
 class _BootstrapFailures(logging.Handler):
     """Keeps what kafka-python says while a client bootstraps, instead of letting it through.
 

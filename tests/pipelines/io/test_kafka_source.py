@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -315,3 +316,27 @@ def test_the_broker_probe_tells_a_broker_that_answers_from_one_that_does_not(con
     probe.start()
     probe.stop()
     assert not probe._thread.is_alive()
+
+
+def test_a_read_on_a_transport_its_client_closed_is_not_reported_but_one_on_an_open_one_is(caplog):
+    # kafka-python's network thread can read just after close() dropped the socket (a race):
+    # the same read, forced here, on a real transport closed first and on one left open.
+    import socket as socket_module
+
+    from kafka.net.selector import NetworkSelector
+    from kafka.net.transport import KafkaTCPTransport
+
+    net = NetworkSelector()
+    try:
+        closed_by_its_client = KafkaTCPTransport(net, socket_module.socketpair()[0], host="broker")
+        closed_by_its_client.close()
+        lost_on_its_own = KafkaTCPTransport(net, None, host="broker")
+        with caplog.at_level(logging.INFO, logger="kafka.net.transport"):
+            caplog.clear()
+            assert closed_by_its_client._sock_recv()[1] is not None  # the read did fail
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert lost_on_its_own._sock_recv()[1] is not None
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert len(errors) == 1 and "Error receiving network data" in errors[0].getMessage()
+    finally:
+        net.close()
