@@ -25,6 +25,10 @@ SHORT_WINDOW_CHECKPOINTS = 12
 HEAP_POLLS = 20
 LONG_WINDOW_MS = 90 * 60_000
 METRIC_POLLS_AVERAGED = 4
+# A vertex's usual input rate: the median of its input rates over this window, one every spacing.
+INPUT_RATE_WINDOW_MS = 10 * 60_000
+INPUT_RATE_SPACING_MS = 10_000
+INPUT_RATE_MIN_SPAN_MS = 2 * 60_000
 RESTART_WINDOW_MS = 30 * 60_000
 FAILURE_COUNT_WINDOW_MS = 2 * 60_000
 # A plateau: at least FLAT_MIN_POINTS completed checkpoints over FLAT_MIN_SPAN_MS whose fitted
@@ -199,6 +203,11 @@ FEATURES: tuple[Feature, ...] = (
     Feature("is_busiest_vertex", "backpressure", "vertex", "0/1", _POLLS, "1 if this vertex has the job's highest busy_max"),
     Feature("others_backpressured_max", "backpressure", "vertex", "ratio", _POLLS,
             "the most backpressured subtask of the job's other vertices: a bottleneck makes its upstream wait"),
+    Feature("records_in_over_usual", "backpressure", "vertex", "ratio",
+            f"{_POLLS}, over the median of the last {INPUT_RATE_WINDOW_MS // 60_000} min (null before "
+            f"{INPUT_RATE_MIN_SPAN_MS // 60_000} min)",
+            "the vertex's input rate (all subtasks) over its usual: below 1 when it slowed down, above 1 when "
+            "more load came in (a surge it is working through is not a slowdown)"),
     Feature("in_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest input buffer pool usage"),
     Feature("out_pool_max", "backpressure", "vertex", "ratio", _POLLS, "highest output buffer pool usage"),
     Feature("start_delay_max_ms", "backpressure", "vertex", "ms", "latest completed or failed checkpoint",

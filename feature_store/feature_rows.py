@@ -11,10 +11,12 @@ caches that name what they were computed from. The names of the features are tho
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import statistics
+from typing import Any, Callable, NamedTuple, Sequence
 
 from feature_store import trajectory as growth
-from feature_store.definitions import BARRIER_WAIT_FORECAST_COLUMNS, TIMEOUT_FORECAST_COLUMNS, VERTEX_FEATURES
+from feature_store.definitions import (BARRIER_WAIT_FORECAST_COLUMNS, INPUT_RATE_MIN_SPAN_MS, TIMEOUT_FORECAST_COLUMNS,
+                                      VERTEX_FEATURES)
 from feature_store.failure_forecast import Cadence, cadence_of, failure_eta
 from feature_store.numeric import (
     LongTimes,
@@ -257,6 +259,7 @@ class FeatureRows:
                        for k in range(width)]
         f["records_in_max_over_mean"], f["records_in_cv"], hot_records = spread_of(records)
         f["records_in_hot_excess"] = hot_excess(records)
+        f["records_in_over_usual"] = self._over_usual(vid, known_values(records))
         f["busy_reported"] = (1.0 if polls and polls[-1][0] is not None else 0.0) if polls else None
         compared = f["busy_max"], f["backpressured_mean"], f["backpressured_max"]
         for name in ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean"):
@@ -264,6 +267,14 @@ class FeatureRows:
                 f[name] = f[name] / 1000.0
         return PollFeatures(_floats(f), *compared, hot_records, f["records_in_max_over_mean"] or 0.0)
 
+
+    def _over_usual(self, vid: str, records: Sequence[float]) -> float | None:
+        """The vertex's input rate now (its subtasks' together) over its median of the rate history."""
+        rates = self.input_rates.get(vid, [])
+        if not records or not rates or rates[-1][0] - rates[0][0] < INPUT_RATE_MIN_SPAN_MS:
+            return None
+        usual = statistics.median(rate for _, rate in rates)
+        return sum(records) / usual if usual > 0 else None
 
     def _long_trends(self, key: str) -> list:
         """The long-horizon trends of the job's state (``key`` JOB) or a vertex's, fitted again
@@ -350,7 +361,8 @@ def _floats(features: dict[str, Any]) -> dict[str, float | None]:
 # The poll features of a vertex never polled (it shows only in checkpoints).
 NO_POLLS = PollFeatures(dict.fromkeys(("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "idle_mean",
                                        "in_pool_max", "out_pool_max", "records_in_max_over_mean", "records_in_cv",
-                                       "records_in_hot_excess", "busy_reported")), None, None, None, None, 0.0)
+                                       "records_in_hot_excess", "records_in_over_usual", "busy_reported")),
+                        None, None, None, None, 0.0)
 # The vertex features of a job's own row.
 NO_VERTEX_FEATURES = dict.fromkeys(VERTEX_FEATURES)
 

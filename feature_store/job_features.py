@@ -37,6 +37,8 @@ from feature_store.definitions import (
     FLAT_MIN_POINTS,
     FLAT_MIN_SPAN_MS,
     HEAP_POLLS,
+    INPUT_RATE_SPACING_MS,
+    INPUT_RATE_WINDOW_MS,
     LONG_WINDOW_MS,
     METRIC_POLLS_AVERAGED,
     RESTART_WINDOW_MS,
@@ -53,7 +55,7 @@ from feature_store.event_order import (
     stream_position,
 )
 from feature_store.feature_rows import JOB, FeatureRows
-from feature_store.numeric import LongTimes, is_flat, max_known, mean_known, trailing_span
+from feature_store.numeric import LongTimes, is_flat, known_values, max_known, mean_known, trailing_span
 
 # Checkpoints a stopping job aborts (cancel, suspend, failover of the JobManager): not a failure
 # of the job's checkpointing, so they are not counted as one.
@@ -99,6 +101,7 @@ class JobFeatureState(FeatureRows):
     vertex_checkpoint: dict = field(default_factory=dict)  # vid: {states, delays, alignments}
     barrier_waits: dict = field(default_factory=dict)  # vid: [[ts, max start delay, max alignment], ...]
     polls: dict = field(default_factory=dict)  # vid: [[busy_max, busy_mean, bp_max, bp_mean, idle_mean, in_pool, out_pool, [records...]], ...]
+    input_rates: dict = field(default_factory=dict)  # vid: [[ts, records in/s of all subtasks], ...], thinned
     status: dict = field(default_factory=dict)
     heap: list = field(default_factory=list)  # [[ts, ratio], ...]
     restarts: list = field(default_factory=list)  # [[ts, num_restarts]] where it changed, the window's start on
@@ -261,6 +264,13 @@ class JobFeatureState(FeatureRows):
         history = self.polls.setdefault(vid, [])
         history.append(entry)
         del history[:-METRIC_POLLS_AVERAGED]
+        known = known_values(entry[7])
+        if known:
+            ts, rates = int(event["ts"]), self.input_rates.setdefault(vid, [])
+            if not rates or ts - rates[-1][0] >= INPUT_RATE_SPACING_MS:
+                rates.append([ts, sum(known)])
+            while rates[0][0] < ts - INPUT_RATE_WINDOW_MS:
+                del rates[0]
         self._poll_seq[vid] = self._poll_seq.get(vid, 0) + 1
 
     def _checkpoint(self, event: dict) -> None:

@@ -18,6 +18,8 @@ import pandas as pd
 from pipelines.families.base import STARTUP_S, Family, Plot, col, fired, num
 
 NAME = "backpressure"
+# A bottleneck's input rate this far over its usual is load, not a slowdown.
+SURGE_OVER_USUAL = 1.02
 
 
 class Backpressure(Family):
@@ -62,8 +64,11 @@ FAMILY = Backpressure(
     # impact: checkpoints a quarter of their interval long (barriers held back), or the wait high
     # (Flink's HIGH, over half the time: unaligned barriers overtake it); a low wait that neither
     # holds barriers back is a job near its capacity (large state snapshotting), not an incident.
+    # And a slowdown: a bottleneck taking in more than its usual is working through a surge of
+    # load (a burst, a backlog after one), which passes without anything to fix.
     post_rule=(("startup_s", STARTUP_S), ("evidence", (("others_backpressured_max", 0.1),)),
-               ("impact", (("checkpoint_duration_over_interval", 0.25), ("others_backpressured_max", 0.5)))),
+               ("impact", (("checkpoint_duration_over_interval", 0.25), ("others_backpressured_max", 0.5))),
+               ("refused_by", (("records_in_over_usual", SURGE_OVER_USUAL),))),
     recent_column="busy_max",
     runbook=(
         "Scale out the bottleneck vertex named in the evidence (more parallelism or resources), or "

@@ -200,6 +200,38 @@ def test_skew_features_find_the_hot_subtask():
     assert vertex["start_delay_max_ms"] == 500 and vertex["alignment_max_ms"] == 250
 
 
+def input_rate_history(rates_per_poll, every_ms=5_000):
+    """A vertex of two subtasks polled every ``every_ms`` at the given total input rates, then a status."""
+    events = [poll(T0 + i * every_ms, V1, "Window", [900, 900], [0, 0], records=[rate / 2, rate / 2])
+              for i, rate in enumerate(rates_per_poll)]
+    return events + [status(T0 + len(rates_per_poll) * every_ms)]
+
+
+def test_the_input_rate_over_its_usual_tells_a_slowdown_from_a_surge_and_waits_for_two_minutes():
+    # Ten minutes at 200/s, then the last four polls (the averaged ones) at 120/s or at 600/s.
+    usual = [200.0] * 120
+    slowed = rows_at(input_rate_history(usual + [120.0] * 4), vertex=V1)
+    surged = rows_at(input_rate_history(usual + [600.0] * 4), vertex=V1)
+    assert slowed["records_in_over_usual"] == pytest.approx(0.6)
+    # The surge's own polls join the history (one every 10 s): two of 60, the median stays 200.
+    assert surged["records_in_over_usual"] == pytest.approx(3.0)
+    # Under two minutes of history says nothing; at two minutes it does.
+    assert rows_at(input_rate_history([200.0] * 24), vertex=V1)["records_in_over_usual"] is None
+    assert rows_at(input_rate_history([200.0] * 25), vertex=V1)["records_in_over_usual"] == pytest.approx(1.0)
+
+
+def test_the_usual_input_rate_is_the_median_of_the_last_ten_minutes_one_rate_every_ten_seconds():
+    # 15 minutes at 100/s, then 10 at 300/s: the first 15 minutes have left the window.
+    state = JobFeatureState()
+    state.consume_all(input_rate_history([100.0] * 180 + [300.0] * 120))
+    rates = state.input_rates[V1]
+    assert len(rates) == 60 and all(b[0] - a[0] == 10_000 for a, b in zip(rates, rates[1:]))
+    assert {rate for _, rate in rates} == {300.0}
+    # A source (no input rate) has no history and no ratio.
+    events = [poll(T0 + i * 5_000, V2, "Source", [None], [0], records=[None]) for i in range(40)] + [status(T0 + 200_000)]
+    assert rows_at(events, vertex=V2)["records_in_over_usual"] is None
+
+
 def test_subtasks_that_report_nothing_are_left_out_and_the_first_of_equal_subtasks_is_hot():
     # Subtask 0 reports no records and no busy time; subtasks 2 and 3 tie for the most records.
     events = [poll(T0, V1, "KeyedProcess", [None, 100, 300, 200], [0, 0, 0, 0], records=[None, 100, 400, 400]),
