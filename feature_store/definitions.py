@@ -239,6 +239,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("busy_reported", "context", "vertex", "0/1", "latest poll", "1 if Flink reported busy time for this vertex (sources often report NaN)"),
     Feature("state_reported", "context", "vertex", "0/1", "latest checkpoint", "1 if the latest checkpoint had per-subtask state for this vertex"),
     Feature("limit_known", "context", "job", "0/1", "latest poll", "1 if the job reports max_state_size_bytes"),
+    Feature("busiest_input_over_usual", "context", "job", "ratio", "latest poll",
+            "records_in_over_usual of the job's busiest vertex (highest busy_max): above 1 while the job works "
+            "through more load than usual"),
 )
 
 FEATURE_NAMES = tuple(f.name for f in FEATURES)

@@ -45,13 +45,14 @@ class FeatureRows:
                 "last_failure_message": self.last_failure[1] if self.last_failure else None}
         forecast_version = self._forecast_version()
         since_checkpoint_s = self._since_checkpoint_s(ts)
-        job = self._job_features(forecast_version, since_checkpoint_s)
-        rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         # The memoised parts are floats already (converted once, when computed, not for every row).
         polled = {vid: self._memoised(("polls", vid), self._poll_seq.get(vid, 0), self._poll_features, vid)
                   for vid in self.polls}
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
+        job = {**self._job_features(forecast_version, since_checkpoint_s),
+               "busiest_input_over_usual": polled[busiest].features["records_in_over_usual"] if busiest else None}
+        rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         checkpoint_version = (self.age_checkpoints, self._limit())
         for vid in sorted(self.vertex_names):
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.

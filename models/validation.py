@@ -27,7 +27,7 @@ RATIOS = ("busy_max", "busy_mean", "backpressured_max", "backpressured_mean", "i
           "in_pool_max", "out_pool_max")
 NON_NEGATIVE = ("state_size_bytes", "vertex_state_size_bytes", "limit_ratio", "job_age_checkpoints",
                 "checkpoints_in_progress", "start_delay_max_ms", "alignment_max_ms", "records_in_max_over_mean",
-                "records_in_over_usual")
+                "records_in_over_usual", "busiest_input_over_usual")
 
 
 class TrainingSetInvalid(SetupError, ValueError):

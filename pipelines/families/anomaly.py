@@ -12,6 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from pipelines.families.backpressure import SURGE_OVER_USUAL
 from pipelines.families.base import STARTUP_S, Family
 
 NAME = "anomaly"
@@ -39,7 +40,9 @@ FAMILY = Anomaly(
         "checkpoint_duration_over_timeout", "checkpoint_duration_rel_slope_per_h", "checkpoints_in_progress",
         "restarts_in_window", "checkpoint_failures_counted", "jm_heap_ratio", "jm_heap_rel_slope_per_h",
         "persisted_inflight_rel_slope_per_h", "limit_known"),
-    post_rule=(("startup_s", STARTUP_S),),
+    # A job working through more load than usual (a burst, the backlog after one) is explained by
+    # the load: its checkpoints stretch for it, as the backpressure rule's surge does not page either.
+    post_rule=(("startup_s", STARTUP_S), ("refused_by", (("busiest_input_over_usual", SURGE_OVER_USUAL),))),
     runbook=(
         "Compare the evidence with the job's usual checkpoint sizes, durations and rates.",
         "Check recent deployments, config changes and restarts of this job.",

@@ -115,13 +115,16 @@ def test_its_forecasts_come_soonest_first_with_their_band():
 
 
 @pytest.mark.parametrize("over_usual, decided", [(0.6, True), (1.0, True), (None, True), (1.02, False), (3.0, False)])
-def test_a_bottleneck_taking_in_more_than_its_usual_is_a_surge_not_backpressure(over_usual, decided):
+def test_a_bottleneck_taking_in_more_than_its_usual_is_a_surge_not_backpressure_nor_an_anomaly(over_usual, decided):
     # Another vertex waits on it half the time and its checkpoints are held back: all but the rate say backpressure.
     from pipelines.families import BY_NAME
     rule = PostRule(**BY_NAME["backpressure"].guards)
     row = {**_row(None), "job_age_s": 600.0, "others_backpressured_max": 0.6, "checkpoint_duration_over_interval": 0.5,
            "records_in_over_usual": over_usual}
     assert rule.decide([1.0] * rule.n, row) is decided
+    # Nor is it an anomaly: the job's checkpoints stretch for the load.
+    anomaly = PostRule(**BY_NAME["anomaly"].guards)
+    assert anomaly.decide([1.0] * anomaly.n, {**row, "busiest_input_over_usual": over_usual}) is decided
 
 
 def test_a_backpressured_vertex_s_barrier_wait_is_forecast_against_the_timeout_and_said():
