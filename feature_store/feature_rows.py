@@ -268,7 +268,6 @@ class FeatureRows:
                 f[name] = f[name] / 1000.0
         return PollFeatures(_floats(f), *compared, hot_records, f["records_in_max_over_mean"] or 0.0)
 
-
     def _over_usual(self, vid: str, records: Sequence[float]) -> float | None:
         """The vertex's input rate now (its subtasks' together) over its median of the rate history."""
         rates = self.input_rates.get(vid, [])

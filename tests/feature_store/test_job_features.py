@@ -213,13 +213,13 @@ def test_the_input_rate_over_its_usual_tells_a_slowdown_from_a_surge_and_waits_f
     slowed = rows_at(input_rate_history(usual + [120.0] * 4), vertex=V1)
     surged = rows_at(input_rate_history(usual + [600.0] * 4), vertex=V1)
     assert slowed["records_in_over_usual"] == pytest.approx(0.6)
+    # The surge's own polls join the history (one every 10 s): two of 60, the median stays 200.
+    assert surged["records_in_over_usual"] == pytest.approx(3.0)
     # The job's row carries its busiest vertex's (a second vertex, less busy, at twice its usual).
     calm = [poll(T0 + i * 5_000, V2, "Sink", [100], [0], records=[50.0 if i < 120 else 100.0]) for i in range(124)]
     events = sorted(input_rate_history(usual + [120.0] * 4) + calm, key=lambda e: e["ts"])
     assert rows_at(events, vertex=V2)["records_in_over_usual"] == pytest.approx(2.0)
     assert rows_at(events)["busiest_input_over_usual"] == pytest.approx(0.6)
-    # The surge's own polls join the history (one every 10 s): two of 60, the median stays 200.
-    assert surged["records_in_over_usual"] == pytest.approx(3.0)
     # Under two minutes of history says nothing; at two minutes it does.
     assert rows_at(input_rate_history([200.0] * 24), vertex=V1)["records_in_over_usual"] is None
     assert rows_at(input_rate_history([200.0] * 25), vertex=V1)["records_in_over_usual"] == pytest.approx(1.0)

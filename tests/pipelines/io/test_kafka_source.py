@@ -326,9 +326,9 @@ def test_a_read_on_a_transport_its_client_closed_is_not_reported_but_one_on_an_o
     from kafka.net.selector import NetworkSelector
     from kafka.net.transport import KafkaTCPTransport
 
-    net = NetworkSelector()
+    net, (ours, peer) = NetworkSelector(), socket_module.socketpair()
     try:
-        closed_by_its_client = KafkaTCPTransport(net, socket_module.socketpair()[0], host="broker")
+        closed_by_its_client = KafkaTCPTransport(net, ours, host="broker")
         closed_by_its_client.close()
         lost_on_its_own = KafkaTCPTransport(net, None, host="broker")
         with caplog.at_level(logging.INFO, logger="kafka.net.transport"):
@@ -339,4 +339,5 @@ def test_a_read_on_a_transport_its_client_closed_is_not_reported_but_one_on_an_o
             errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
             assert len(errors) == 1 and "Error receiving network data" in errors[0].getMessage()
     finally:
+        peer.close()
         net.close()
