@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, TopicAlreadyExistsError
+from kafka.errors import Cancelled, KafkaError, KafkaTimeoutError, OffsetOutOfRangeError, TopicAlreadyExistsError
 
 from pipelines.errors import SetupError
 
@@ -40,21 +40,28 @@ def _common(bootstrap_servers: str | list[str], client_options: Mapping[str, Any
     return {"bootstrap_servers": servers, **normalise_client_options(client_options)}
 
 
-class _ErrorsOfClosedTransports(logging.Filter):
-    """Drops kafka-python's report of a read from a socket its own client had already closed.
+class _ErrorsOfOwnClose(logging.Filter):
+    """Drops kafka-python's ERROR reports of what closing its own client did.
 
-    kafka-python 3's network thread can wake for a read just as ``close()`` on the caller's
-    thread drops the socket; it then logs "Error receiving network data" with a traceback
-    (``'NoneType' object has no attribute 'recv'``) about a connection nobody uses any more.
-    The transport it names says whether it was closed on purpose.
+    kafka-python 3's network thread runs on while ``close()`` on the caller's thread drops the
+    sockets and cancels what was in flight. It can then log, about connections nobody uses any
+    more, "Error receiving network data" with a traceback (``'NoneType' object has no attribute
+    'recv'``: a read just after the socket went) or "Metadata refresh: failed Cancelled" (a
+    refresh the close cancelled). The record's arguments say which: a transport closed on purpose,
+    or the ``Cancelled`` error a close gives what it cuts short.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        return not (args and getattr(args[0], "_closed", False) is True and record.levelno >= logging.ERROR)
+        if record.levelno < logging.ERROR or not isinstance(record.args, tuple):
+            return True
+        return not any(isinstance(arg, Cancelled) or getattr(arg, "_closed", False) is True for arg in record.args)
 
 
-logging.getLogger("kafka.net.transport").addFilter(_ErrorsOfClosedTransports())
+# The modules of kafka-python that log about a client's connections and requests.
+_KAFKA_LOGGERS = ("kafka.cluster", "kafka.net.transport", "kafka.net.connection", "kafka.net.manager",
+                  "kafka.consumer.fetcher", "kafka.coordinator", "kafka.admin.client", "kafka.producer.sender")
+for _name in _KAFKA_LOGGERS:
+    logging.getLogger(_name).addFilter(_ErrorsOfOwnClose())
 
 
 class _BootstrapFailures(logging.Handler):

@@ -341,3 +341,13 @@ def test_a_read_on_a_transport_its_client_closed_is_not_reported_but_one_on_an_o
     finally:
         peer.close()
         net.close()
+
+
+def test_a_request_its_client_cancelled_on_closing_is_not_reported_but_one_that_failed_is(caplog):
+    # What kafka.cluster logs when a metadata refresh fails: the close's Cancelled, or a real error.
+    from kafka.errors import Cancelled, KafkaConnectionError
+
+    with caplog.at_level(logging.INFO, logger="kafka.cluster"):
+        logging.getLogger("kafka.cluster").error("Metadata refresh: failed %s", Cancelled())
+        logging.getLogger("kafka.cluster").error("Metadata refresh: failed %s", KafkaConnectionError("refused"))
+    assert [r.getMessage() for r in caplog.records] == ["Metadata refresh: failed KafkaConnectionError: refused"]
