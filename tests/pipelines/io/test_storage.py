@@ -45,12 +45,10 @@ def test_files_are_written_whole_listed_and_deleted(root):
 
 def test_the_feature_log_is_parquet_by_date_one_file_per_batch(root):
     day = 86_400_000
-    rows = pd.DataFrame({"ts": [day + 1, day + 2, 2 * day + 5]})
     from feature_store.definitions import feature_row_schema
 
-    for field in feature_row_schema().fields:
-        if field.name != "ts":
-            rows[field.name] = None
+    rows = pd.DataFrame({field.name: [None] * 3 for field in feature_row_schema().fields}
+                        | {"ts": [day + 1, day + 2, 2 * day + 5]})
     append_feature_log(rows, root / "live", batch_id=7, part=1)
     append_feature_log(rows, root / "live", batch_id=7, part=1)  # a re-run batch overwrites its own file
     assert (root / "live").names() == ["date=1970-01-02", "date=1970-01-03"]
