@@ -8,11 +8,10 @@ Its parts: :mod:`~pipelines.collector.poller` (one cluster's poll, :class:`Clust
 through :func:`pipelines.io.input_publisher.kafka_publisher`.
 """
 
-from pipelines.collector.poller import (CHECKPOINT_CONFIG_SETTLE_MS, CONFIG_REREAD_S, SETTLE_MS, ClusterCollector,
-                                        PollResult)
+from pipelines.collector.poller import CONFIG_REREAD_S, SETTLE_MS, ClusterCollector, PollResult
 from pipelines.collector.service import run_collector, run_loop
 from pipelines.collector.shard import Shard
 from pipelines.io.input_publisher import Publish, kafka_publisher
 
-__all__ = ["CHECKPOINT_CONFIG_SETTLE_MS", "CONFIG_REREAD_S", "SETTLE_MS", "ClusterCollector", "PollResult", "Publish",
+__all__ = ["CONFIG_REREAD_S", "SETTLE_MS", "ClusterCollector", "PollResult", "Publish",
            "Shard", "kafka_publisher", "run_collector", "run_loop"]

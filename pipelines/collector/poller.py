@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 # well past the REST and metric caches' staleness, and tolerant of some clock skew between the
 # collector and the JobManager.
 SETTLE_MS = 30_000
-CHECKPOINT_CONFIG_SETTLE_MS = SETTLE_MS
 CONFIG_REREAD_S = 600  # the JobManager's metric refresh interval is read again this often
 
 
