@@ -50,8 +50,8 @@ class FeatureRows:
                   for vid in self.polls}
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
-        job = {**self._job_features(forecast_version, since_checkpoint_s),
-               "busiest_input_over_usual": polled[busiest].features["records_in_over_usual"] if busiest else None}
+        job = self._job_features(forecast_version, since_checkpoint_s)
+        job["busiest_input_over_usual"] = polled[busiest].features["records_in_over_usual"] if busiest else None
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         checkpoint_version = (self.age_checkpoints, self._limit())
         for vid in sorted(self.vertex_names):
