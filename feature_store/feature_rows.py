@@ -303,22 +303,16 @@ class FeatureRows:
 
     def _growth_features(self, key: str, prefix: str) -> dict[str, float | None]:
         """The growth test and the shape of the growth of the job's state (``key`` JOB) or a vertex's."""
-        def series(entries: list) -> list:
-            return [[e[0], e[1] if key == JOB else e[2].get(key)] for e in entries]
-
-        # Opening a leak reads the whole buffer (at least OPENING_MIN_POINTS checkpoints); the rest
-        # its last two minutes or GROWTH_MIN_POINTS. With checkpoints every few seconds both are the same.
-        buffered = series(self.growth_window)
-        points = growth.window(buffered, growth.GROWTH_WINDOW_MS, growth.GROWTH_MIN_POINTS)
-        bounds = growth.growth_bounds(points)
-        opening = bounds if len(points) == len(buffered) else growth.growth_bounds(buffered)
-        recent = growth.recent_growth_low(points)
+        # The growth window is thinned: checkpoints faster than its spacing leave it as it was.
+        window = self.growth_window
+        window_stamp = (len(window), window[0][0], window[-1][0]) if window else None
+        bounds, opening, recent = self._memoised(("growth", key), window_stamp, self._growth_tests, key)
         # Refitted every few points the history gains (or when it is thinned), not at every checkpoint.
         stamp = [len(self.trajectory) // growth.REFIT_POINTS, self.trajectory_spacing_ms,
                  self.trajectory[0][0] if self.trajectory else None]
         cached = self.trajectory_fits.get(key)
         if cached is None or cached[0] != stamp:
-            cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(series(self.trajectory))]
+            cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(_state_series(self.trajectory, key))]
         fit = cached[1]
         filling = growth.fills_toward_plateau(fit, bounds)
         return {f"{prefix}growth_low_per_h": bounds.low if bounds else None,
@@ -328,6 +322,17 @@ class FeatureRows:
                 f"{prefix}filling": (1.0 if filling else 0.0) if fit is not None else None,
                 f"{prefix}plateau_bytes": fit["plateau"] if filling else None,
                 f"{prefix}plateau_eta_s": fit["plateau_eta_s"] if filling else None}
+
+    def _growth_tests(self, key: str) -> tuple:
+        """The growth window's bounds (to hold), its opening bound and the growth since the last
+        change of pace, of the job's state (``key`` JOB) or a vertex's."""
+        buffered = _state_series(self.growth_window, key)
+        # Opening a leak reads the whole buffer (at least OPENING_MIN_POINTS checkpoints); the rest
+        # its last two minutes or GROWTH_MIN_POINTS. With checkpoints every few seconds both are the same.
+        points = growth.window(buffered, growth.GROWTH_WINDOW_MS, growth.GROWTH_MIN_POINTS)
+        bounds = growth.growth_bounds(points)
+        opening = bounds if len(points) == len(buffered) else growth.growth_bounds(buffered)
+        return bounds, opening, growth.recent_growth_low(points)
 
     def _started_ts(self) -> int | None:
         """When the job's current run began: the last restart, else the first thing seen of it,
@@ -351,6 +356,11 @@ class PollFeatures(NamedTuple):
     backpressured_max: float | None  # ms/s
     hot_subtask: int | None  # the subtask with the most input records
     records_skew: float  # their max over mean, 0 if unknown: against the state's, which hot subtask to name
+
+
+def _state_series(entries: list, key: str) -> list:
+    """``[[ts, state], ...]`` of the job (``key`` JOB) or a vertex from growth entries ``[ts, total, {vid: state}]``."""
+    return [[e[0], e[1] if key == JOB else e[2].get(key)] for e in entries]
 
 
 def _floats(features: dict[str, Any]) -> dict[str, float | None]:

@@ -26,6 +26,7 @@ the growth window, numpy for the history's curve fits.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Sequence
 
@@ -75,11 +76,13 @@ def _t_quantile(table: dict[int, float], beyond: float, dof: int) -> float:
     return table[max(d for d in table if d <= dof)]
 
 
+@functools.cache
 def t95(dof: int) -> float:
     """Student's t two-sided 95 % quantile for ``dof`` degrees of freedom."""
     return _t_quantile(_T95, 2.0, dof)
 
 
+@functools.cache
 def t999(dof: int) -> float:
     """Student's t two-sided 99.9 % quantile for ``dof`` degrees of freedom."""
     return _t_quantile(_T999, 3.29, dof)
@@ -142,14 +145,15 @@ def line_fit(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
     in seconds, 0 at the last point), the 95 % half-width of its slope widened for
     autocorrelated residuals."""
     n = len(t)
-    tc = t - t.mean()
+    t_mean, y_mean = t.sum() / n, y.sum() / n  # what .mean() computes, without its overhead on a few points
+    tc, yc = t - t_mean, y - y_mean
     sxx = float(tc @ tc)
-    slope = float(tc @ (y - y.mean())) / sxx
-    r = y - y.mean() - slope * tc
+    slope = float(tc @ yc) / sxx
+    r = yc - slope * tc
     rss = float(r @ r)
     rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss)) if rss > 0 else 0.0
     half = t95(n - 2) * math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
-    return slope, half, float(y.mean() - slope * t.mean()), n
+    return slope, half, float(y_mean - slope * t_mean), n
 
 
 def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float, int] | None:
@@ -170,48 +174,53 @@ def recent_trend_since(points: Sequence[Sequence[float]]) -> tuple[tuple[float, 
     window has forgotten its past."""
     pts = [(p[0], p[1]) for p in points if p[1] is not None]
     n = len(pts)
-    if n < 3:
+    if n < 3 or pts[-1][0] <= pts[0][0]:
         return None
+    first = pts[0][1]
+    if all(p[1] == first for p in pts):
+        return (0.0, 0.0, float(first), n), 0  # a constant (a barrier that never waits): flat, exactly
     t = (np.array([p[0] for p in pts], dtype="float64") - pts[-1][0]) / 1000.0  # 0 at the last: well conditioned
     y = np.array([p[1] for p in pts], dtype="float64")
-    mean = float(abs(y).mean())
-    if float(t[-1] - t[0]) <= 0:
-        return None
 
-    last = t[-1] - RECENT_MIN_SPAN_MS / 1000.0
-    breaks = [b for b in range(1, n - RECENT_MIN_POINTS + 1) if t[b] <= last]
-    if n < 6 or not breaks:
+    # The bends: every point from the second on whose time leaves the minimum span after it (times ascend).
+    end = min(int(np.searchsorted(t, t[-1] - RECENT_MIN_SPAN_MS / 1000.0, side="right")), n - RECENT_MIN_POINTS + 1)
+    if n < 6 or end <= 1:
         return line_fit(t, y), 0
-    tc = t - t.mean()
-    line_rss = float(((y - y.mean() - (tc @ (y - y.mean())) / (tc @ tc) * tc) ** 2).sum())
-    # Every candidate bend at once: y = a + s t + d max(t - t_b, 0), one 3 x 3 system per bend.
-    after = np.maximum(t[None, :] - t[breaks][:, None], 0.0)  # k x n
-    k = len(breaks)
-    normal = np.empty((k, 3, 3))
-    normal[:, 0, 0], normal[:, 0, 1], normal[:, 1, 1] = n, t.sum(), t @ t
-    normal[:, 0, 2], normal[:, 1, 2], normal[:, 2, 2] = after.sum(axis=1), after @ t, (after * after).sum(axis=1)
-    normal[:, 1, 0], normal[:, 2, 0], normal[:, 2, 1] = normal[:, 0, 1], normal[:, 0, 2], normal[:, 1, 2]
-    rhs = np.stack([np.full(k, y.sum()), np.full(k, t @ y), after @ y], axis=1)
+    t_mean, y_mean = t.sum() / n, y.sum() / n
+    tc = t - t_mean
+    sxx = float(tc @ tc)
+    line_residuals = y - y_mean - float(tc @ (y - y_mean)) / sxx * tc
+    line_rss = float(line_residuals @ line_residuals)
+    # y = a + s t + d max(t - t_b, 0) for every bend at once: by Frisch-Waugh, the hinge's share of
+    # the line's residuals is (h.r)^2 / |h|^2, h the hinge less its own fit on the line; the bend
+    # that explains most is fitted alone.
+    after = np.maximum(t[None, :] - t[1:end, None], 0.0)  # bends x points
+    after_sum, after_t, after_squares = after.sum(axis=1), after @ t, (after * after).sum(axis=1)
+    after_tc = after_t - after_sum * t_mean  # the hinges' products with the centred times
+    spread = after_squares - after_sum * after_sum / n - after_tc * after_tc / sxx
+    explained = np.divide((after @ line_residuals) ** 2, spread, out=np.zeros_like(spread), where=spread > 0)
+    i = int(np.argmax(explained))
+    b, hinge = i + 1, after[i]
+    normal = np.array([[n, t.sum(), after_sum[i]], [0.0, t @ t, after_t[i]], [0.0, 0.0, after_squares[i]]])
+    normal[1, 0], normal[2, 0], normal[2, 1] = normal[0, 1], normal[0, 2], normal[1, 2]
     try:
-        beta = np.linalg.solve(normal, rhs[:, :, None])[:, :, 0]
+        beta = np.linalg.solve(normal, np.array([y.sum(), t @ y, hinge @ y]))
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
         return line_fit(t, y), 0
-    residuals = y[None, :] - beta[:, :1] - beta[:, 1:2] * t[None, :] - beta[:, 2:3] * after
-    rss_all = (residuals * residuals).sum(axis=1)
-    i = int(np.argmin(rss_all))
-    rss, b, r = float(rss_all[i]), breaks[i], residuals[i]
-    floor = n * (BEND_NOISE_FLOOR * mean) ** 2
+    r = y - beta[0] - beta[1] * t - beta[2] * hinge
+    rss = float((r * r).sum())
+    floor = n * (BEND_NOISE_FLOOR * (float(np.abs(y).sum()) / n)) ** 2
     if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
         return line_fit(t, y), 0  # no bend the data insist on: the whole window's line
     # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
-    cov = inverse[i] * max(rss, floor) / (n - 3)
+    cov = inverse * max(rss, floor) / (n - 3)
     tail = r[b:]
     tail_ss = float(tail @ tail)
     rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(tail[1:] @ tail[:-1]) / tail_ss)) if tail_ss > 0 else 0.0
     variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
-    slope = float(beta[i, 1] + beta[i, 2])
-    now = float(beta[i, 0] + beta[i, 2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend
+    slope = float(beta[1] + beta[2])
+    now = float(beta[0] + beta[2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend
     return (slope, t95(n - 3) * math.sqrt(max(variance, 0.0)), now, n), b
 
 

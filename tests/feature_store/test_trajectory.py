@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS, TRAJECTORY_POINTS,
-                                      fills_toward_plateau, growth_bounds, halve, line_eta_band, recent_growth_low, t95,
+                                      fills_toward_plateau, growth_bounds, halve, line_eta_band, recent_growth_low,
+                                      recent_trend_since, t95,
                                       t999, trajectory_fit, window)
 
 MB = 1024 * 1024
@@ -80,6 +82,33 @@ def test_growth_that_stops_reads_as_stopped_within_a_few_checkpoints_not_a_windo
     assert growing([p for p in climb if p[0] <= 300_000])
     stopped_at = next(p[0] for p in climb if p[0] > 300_000 and not growing([q for q in climb if q[0] <= p[0]]))
     assert stopped_at - 300_000 <= 30_000  # the window is two minutes: its plain slope would take about that
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_bend_of_the_recent_trend_is_the_best_fitting_one_and_its_line_the_least_squares_one(seed):
+    # A climb that stops (or takes off) somewhere in the window: the hinge picked must leave the
+    # least squared error of every hinge allowed, and the slope after it be that hinge's own fit.
+    rng = random.Random(seed)
+    stop, rate, after = rng.uniform(20, 70), rng.uniform(500, 5_000), rng.choice([0.0, 0.2, 3.0])
+    points = series(lambda t, r: 1 * MB + rate * min(t, stop) + rate * after * max(t - stop, 0) + 300 * r.gauss(0, 1),
+                    100, 2.0, seed)
+    (slope, _, now, n), bend = recent_trend_since(points)
+    assert n == len(points) and bend > 0
+    t = (np.array([p[0] for p in points], dtype="float64") - points[-1][0]) / 1000.0
+    y = np.array([p[1] for p in points], dtype="float64")
+
+    def fit(b):
+        x = np.stack([np.ones(len(t)), t, np.maximum(t - t[b], 0.0)], axis=1)
+        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
+        return float(((y - x @ beta) ** 2).sum()), beta
+
+    allowed = [b for b in range(1, len(t) - 3) if t[b] <= t[-1] - 15]
+    best = min(allowed, key=lambda b: fit(b)[0])
+    beta = fit(best)[1]
+    assert bend == best
+    assert slope == pytest.approx(beta[1] + beta[2], rel=1e-9, abs=1e-6)
+    assert now == pytest.approx(beta[0] - beta[2] * t[best], rel=1e-12)
+    assert slope == pytest.approx(rate * after, rel=0.25, abs=60)
 
 
 def test_the_slope_s_bounds_widen_with_noise_and_hold_the_true_slope():
