@@ -140,20 +140,45 @@ def growth_bounds(points: Sequence[Sequence[float]]) -> GrowthBounds | None:
     return GrowthBounds(slope / my, (slope - half) / my, (slope + half) / my, (slope - t999(n - 2) * se) / my)
 
 
-def line_fit(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
-    """``(slope, half_width, value_at_0, n)`` of the least-squares line through ``(t, y)`` (``t``
-    in seconds, 0 at the last point), the 95 % half-width of its slope widened for
-    autocorrelated residuals."""
+class _CentredLine(NamedTuple):
+    """A least-squares line through ``(t, y)`` about the means: what its fit and its residuals are."""
+    t_mean: float
+    y_mean: float
+    tc: np.ndarray  # the times less their mean
+    sxx: float
+    slope: float
+    residuals: np.ndarray
+    rss: float
+
+
+def _centred_line(t: np.ndarray, y: np.ndarray) -> _CentredLine:
     n = len(t)
     t_mean, y_mean = t.sum() / n, y.sum() / n  # what .mean() computes, without its overhead on a few points
     tc, yc = t - t_mean, y - y_mean
     sxx = float(tc @ tc)
     slope = float(tc @ yc) / sxx
     r = yc - slope * tc
-    rss = float(r @ r)
-    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(r[1:] @ r[:-1]) / rss)) if rss > 0 else 0.0
-    half = t95(n - 2) * math.sqrt(rss / (n - 2) / sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
-    return slope, half, float(y_mean - slope * t_mean), n
+    return _CentredLine(t_mean, y_mean, tc, sxx, slope, r, float(r @ r))
+
+
+def _autocorrelation(residuals: np.ndarray, rss: float) -> float:
+    """The residuals' lag-1 autocorrelation, clipped to what the standard errors are widened by."""
+    if rss <= 0:
+        return 0.0
+    return min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(residuals[1:] @ residuals[:-1]) / rss))
+
+
+def _line_trend(line: _CentredLine, n: int) -> tuple[float, float, float, int]:
+    rho = _autocorrelation(line.residuals, line.rss)
+    half = t95(n - 2) * math.sqrt(line.rss / (n - 2) / line.sxx * (1 + rho) / (1 - rho)) if n > 2 else math.inf
+    return line.slope, half, float(line.y_mean - line.slope * line.t_mean), n
+
+
+def line_fit(t: np.ndarray, y: np.ndarray) -> tuple[float, float, float, int]:
+    """``(slope, half_width, value_at_0, n)`` of the least-squares line through ``(t, y)`` (``t``
+    in seconds, 0 at the last point), the 95 % half-width of its slope widened for
+    autocorrelated residuals."""
+    return _line_trend(_centred_line(t, y), len(t))
 
 
 def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float, int] | None:
@@ -182,42 +207,37 @@ def recent_trend_since(points: Sequence[Sequence[float]]) -> tuple[tuple[float, 
     t = (np.array([p[0] for p in pts], dtype="float64") - pts[-1][0]) / 1000.0  # 0 at the last: well conditioned
     y = np.array([p[1] for p in pts], dtype="float64")
 
+    line = _centred_line(t, y)
     # The bends: every point from the second on whose time leaves the minimum span after it (times ascend).
     end = min(int(np.searchsorted(t, t[-1] - RECENT_MIN_SPAN_MS / 1000.0, side="right")), n - RECENT_MIN_POINTS + 1)
     if n < 6 or end <= 1:
-        return line_fit(t, y), 0
-    t_mean, y_mean = t.sum() / n, y.sum() / n
-    tc = t - t_mean
-    sxx = float(tc @ tc)
-    line_residuals = y - y_mean - float(tc @ (y - y_mean)) / sxx * tc
-    line_rss = float(line_residuals @ line_residuals)
+        return _line_trend(line, n), 0
     # y = a + s t + d max(t - t_b, 0) for every bend at once: by Frisch-Waugh, the hinge's share of
     # the line's residuals is (h.r)^2 / |h|^2, h the hinge less its own fit on the line; the bend
     # that explains most is fitted alone.
     after = np.maximum(t[None, :] - t[1:end, None], 0.0)  # bends x points
     after_sum, after_t, after_squares = after.sum(axis=1), after @ t, (after * after).sum(axis=1)
-    after_tc = after_t - after_sum * t_mean  # the hinges' products with the centred times
-    spread = after_squares - after_sum * after_sum / n - after_tc * after_tc / sxx
-    explained = np.divide((after @ line_residuals) ** 2, spread, out=np.zeros_like(spread), where=spread > 0)
+    after_tc = after_t - after_sum * line.t_mean  # the hinges' products with the centred times
+    spread = after_squares - after_sum * after_sum / n - after_tc * after_tc / line.sxx
+    explained = np.divide((after @ line.residuals) ** 2, spread, out=np.zeros_like(spread), where=spread > 0)
     i = int(np.argmax(explained))
     b, hinge = i + 1, after[i]
-    normal = np.array([[n, t.sum(), after_sum[i]], [0.0, t @ t, after_t[i]], [0.0, 0.0, after_squares[i]]])
-    normal[1, 0], normal[2, 0], normal[2, 1] = normal[0, 1], normal[0, 2], normal[1, 2]
+    t_sum = t.sum()
+    normal = np.array([[n, t_sum, after_sum[i]], [t_sum, t @ t, after_t[i]], [after_sum[i], after_t[i], after_squares[i]]])
     try:
         beta = np.linalg.solve(normal, np.array([y.sum(), t @ y, hinge @ y]))
         inverse = np.linalg.inv(normal)
     except np.linalg.LinAlgError:
-        return line_fit(t, y), 0
+        return _line_trend(line, n), 0
     r = y - beta[0] - beta[1] * t - beta[2] * hinge
     rss = float((r * r).sum())
     floor = n * (BEND_NOISE_FLOOR * (float(np.abs(y).sum()) / n)) ** 2
-    if line_rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
-        return line_fit(t, y), 0  # no bend the data insist on: the whole window's line
+    if line.rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
+        return _line_trend(line, n), 0  # no bend the data insist on: the whole window's line
     # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
     cov = inverse * max(rss, floor) / (n - 3)
     tail = r[b:]
-    tail_ss = float(tail @ tail)
-    rho = min(MAX_AUTOCORRELATION, max(MIN_AUTOCORRELATION, float(tail[1:] @ tail[:-1]) / tail_ss)) if tail_ss > 0 else 0.0
+    rho = _autocorrelation(tail, float(tail @ tail))
     variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
     slope = float(beta[1] + beta[2])
     now = float(beta[0] + beta[2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend

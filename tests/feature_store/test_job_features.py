@@ -339,15 +339,15 @@ def test_the_growth_tests_of_an_unchanged_growth_window_are_reused_and_equal_a_f
     # At a 500 ms interval the thinned growth window gains a point every few checkpoints: the
     # checkpoints between reuse the tests of the window as it was, and must read what a machine
     # rebuilt from its JSON (with nothing kept in memory) computes afresh.
+    events = [checkpoint(T0 + i * 500, 10_000 + 40 * i + (i * 7919) % 53) for i in range(400)]
     kept, fresh, unchanged = JobFeatureState(), JobFeatureState(), 0
-    for i in range(400):
-        event = checkpoint(T0 + i * 500, 10_000 + 40 * i + (i * 7919) % 53)
+    for event in events:
         window_before = [e[0] for e in kept.growth_window]
         fresh = JobFeatureState.from_json(fresh.to_json())
         assert kept.consume(dict(event)) == fresh.consume(dict(event))
         unchanged += [e[0] for e in kept.growth_window] == window_before
     assert unchanged > 200  # most checkpoints left the window as it was: the reuse was exercised
-    row = rows_at([checkpoint(T0 + i * 500, 10_000 + 40 * i + (i * 7919) % 53) for i in range(400)])
+    row = rows_at([dict(event) for event in events])
     assert row["state_growth_low_per_h"] > 0 and row["state_recent_growth_low_per_h"] > 0
 
 
