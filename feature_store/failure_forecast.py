@@ -33,6 +33,9 @@ LOG_FLOOR = 0.001  # of the limit: the smallest value the exponential reading ta
 LATE_TRIGGER, LATE_TRIGGER_MS = 1.05, 50.0  # a trigger this much later than the interval waited for a pause
 EXPIRY_REPORTED_WITHIN_MS = 1000.0  # an expired checkpoint's failure is reported this soon (the band's late end)
 SETTLE_ROUNDS = 4  # a checkpoint's duration on a trend read at its own end
+# A take-off is a trend from its third point (the bend's own included), one checkpoint sooner than
+# a leak's growth test reads it: under backpressure the next checkpoint can be the one that expires.
+BEND_MIN_POINTS = 3
 
 
 class Cadence(NamedTuple):
@@ -85,7 +88,7 @@ def failure_eta(points: Sequence[Sequence[float]], limit: float | None, cadence:
     pts = [(p[0], p[1]) for p in points if p[1] is not None]
     if not limit or cadence is None or len(pts) < FORECAST_MIN_POINTS:
         return None
-    found = recent_trend_since(pts)
+    found = recent_trend_since(pts, BEND_MIN_POINTS)
     if found is None:
         return None
     (slope, half, now, _), first = found

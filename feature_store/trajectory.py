@@ -187,13 +187,14 @@ def recent_trend(points: Sequence[Sequence[float]]) -> tuple[float, float, float
     return None if found is None else found[0]
 
 
-def recent_trend_since(points: Sequence[Sequence[float]]) -> tuple[tuple[float, float, float, int], int] | None:
+def recent_trend_since(points: Sequence[Sequence[float]], min_points: int = RECENT_MIN_POINTS,
+                       ) -> tuple[tuple[float, float, float, int], int] | None:
     """The trend *since the last change of pace* of ``points`` (``[(ts_ms, value), ...]``), and
     the index (among the points with a value) of the first point after the bend, 0 without one:
     ``((slope, half_width, value_now, n), first)``, per second, with the 95 % half-width of the slope
     (widened for autocorrelated residuals) and the fitted value at the last point. A line with a
     bend (a hinge) is fitted, the bend anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS`
-    and :data:`RECENT_MIN_POINTS` after it; where the bend explains the data better than a
+    and ``min_points`` from it on (the bend's own included); where the bend explains the data better than a
     straight line (an F-test), the segment after it is the trend, else the whole line. A metric
     that grew and then stopped (or took off) reads as such a few points after, not once the
     window has forgotten its past."""
@@ -209,7 +210,7 @@ def recent_trend_since(points: Sequence[Sequence[float]]) -> tuple[tuple[float, 
 
     line = _centred_line(t, y)
     # The bends: every point from the second on whose time leaves the minimum span after it (times ascend).
-    end = min(int(np.searchsorted(t, t[-1] - RECENT_MIN_SPAN_MS / 1000.0, side="right")), n - RECENT_MIN_POINTS + 1)
+    end = min(int(np.searchsorted(t, t[-1] - RECENT_MIN_SPAN_MS / 1000.0, side="right")), n - min_points + 1)
     if n < 6 or end <= 1:
         return _line_trend(line, n), 0
     # y = a + s t + d max(t - t_b, 0) for every bend at once: by Frisch-Waugh, the hinge's share of

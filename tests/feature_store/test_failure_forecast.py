@@ -97,3 +97,22 @@ def test_checkpoints_that_fit_their_interval_are_jumped_over_to_the_same_answer_
             break
         trigger = max(trigger + interval, trigger + d)
     assert eta["eta_s"] == pytest.approx((trigger + timeout) / 1000, rel=1e-6)
+
+
+@pytest.mark.parametrize("bend_min_points, next_fails", [(3, True), (4, False)])
+def test_a_take_off_is_a_trend_from_its_third_point_so_the_next_checkpoint_can_be_the_one_that_fails(
+        monkeypatch, bend_min_points, next_fails):
+    # Barriers wait about 350 ms for ten checkpoints 3 s apart, then 4.5 s, then 18.5 s (a sink
+    # that suddenly cannot keep up). The take-off is 0.76 s of wait a second: the checkpoint
+    # triggered now would wait 77 s, so it expires at the 60 s timeout. Read from its fourth
+    # point only, the take-off is averaged with the flat past and that failure a checkpoint later.
+    import feature_store.failure_forecast as forecast
+    monkeypatch.setattr(forecast, "BEND_MIN_POINTS", bend_min_points)
+    wobble = [0, 12, -9, 5, -14, 8, -3, 11, -6, 2]
+    checkpoints = [[i * 3000 + 400, 0, 350 + w + 50] for i, w in enumerate(wobble)]
+    checkpoints.append([checkpoints[-1][0] + 4900, 0, 4550])
+    checkpoints.append([checkpoints[-1][0] + 18_550, 0, 18_550])
+    waits = [[c[0], c[2] - 50] for c in checkpoints]
+    eta = failure_eta(waits, 60_000, cadence_of(checkpoints, 3000))
+    assert (eta["eta_s"] == pytest.approx(60.0, abs=0.5)) is next_fails
+    assert eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]
