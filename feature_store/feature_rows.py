@@ -50,7 +50,7 @@ class FeatureRows:
                   for vid in self.polls}
         busiest = max((v for v, p in polled.items() if p.busy_max is not None), key=lambda v: polled[v].busy_max,
                       default=None)
-        job = self._job_features(forecast_version, since_checkpoint_s)
+        job = self._job_features(forecast_version, ts, since_checkpoint_s)
         job["busiest_input_over_usual"] = polled[busiest].features["records_in_over_usual"] if busiest else None
         rows = [{**base, "vertex_id": None, "vertex_name": None, **job, **NO_VERTEX_FEATURES}]
         checkpoint_version = (self.age_checkpoints, self._limit())
@@ -58,8 +58,8 @@ class FeatureRows:
             # Vertex rows carry the job's features too: a vertex is judged in its job's context.
             checkpointed, hot_state, state_skew = self._memoised(
                 ("checkpoints", vid), checkpoint_version, self._vertex_checkpoint_features, vid)
-            barrier = _aged(self._memoised(("barrier", vid), forecast_version, self._barrier_wait_forecast, vid),
-                            BARRIER_WAIT_FORECAST_COLUMNS, since_checkpoint_s)
+            barrier = self._forecast_at(("barrier", vid), forecast_version, self._barrier_wait_forecast, vid,
+                                        BARRIER_WAIT_FORECAST_COLUMNS, ts, since_checkpoint_s)
             polls = polled.get(vid, NO_POLLS)
             others = [p.backpressured_mean for other, p in polled.items()
                       if other != vid and p.backpressured_mean is not None]
@@ -91,7 +91,7 @@ class FeatureRows:
         limit = self.status.get("max_state_size_bytes")
         return float(limit) if limit else None
 
-    def _job_features(self, forecast_version: tuple, since_checkpoint_s: float) -> dict[str, Any]:
+    def _job_features(self, forecast_version: tuple, ts: int, since_checkpoint_s: float) -> dict[str, Any]:
         started = self._started_ts()
         f: dict[str, Any] = {"job_age_checkpoints": float(self.age_checkpoints),
                              "job_age_s": (self.last_seen_ts - started) / 1000.0 if started is not None else None,
@@ -107,8 +107,8 @@ class FeatureRows:
         interval, timeout = self.status.get("checkpoint_interval_ms"), self.status.get("checkpoint_timeout_ms")
         f["checkpoint_duration_over_interval"] = latest_e2e / interval if latest_e2e is not None and interval else None
         f["checkpoint_duration_over_timeout"] = latest_e2e / timeout if latest_e2e is not None and timeout else None
-        f.update(_aged(self._memoised(("timeout", JOB), forecast_version, self._timeout_forecast, JOB),
-                       TIMEOUT_FORECAST_COLUMNS, since_checkpoint_s))
+        f.update(self._forecast_at(("timeout", JOB), forecast_version, self._timeout_forecast, JOB,
+                                   TIMEOUT_FORECAST_COLUMNS, ts, since_checkpoint_s))
         for name in ("job_age_s", "checkpoint_interval_ms", "state_growth_bytes_per_record",
                      "checkpoint_duration_over_interval", "checkpoint_duration_over_timeout"):
             if f[name] is not None:
@@ -180,18 +180,31 @@ class FeatureRows:
         return self._memoised(("cadence", JOB), self._forecast_version(),
                               lambda _: cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")), JOB)
 
-    def _timeout_forecast(self, _: str) -> dict[str, float | None]:
-        """When the first checkpoint fails on the trend of completed checkpoints' duration."""
+    def _timeout_forecast(self, _: str, in_flight_at_ms: int | None = None) -> tuple[dict[str, float | None], float | None]:
+        """When the first checkpoint fails on the trend of completed checkpoints' duration (and
+        when the checkpoint triggered next ends on it)."""
         timeout = self.status.get("checkpoint_timeout_ms")
-        eta = failure_eta(self.durations, timeout, self._cadence())
-        return _floats({"checkpoint_timeout_ms": timeout, **_forecast_columns(eta, TIMEOUT_FORECAST_COLUMNS)})
+        eta = failure_eta(self.durations, timeout, self._cadence(), in_flight_at_ms)
+        columns = _floats({"checkpoint_timeout_ms": timeout, **_forecast_columns(eta, TIMEOUT_FORECAST_COLUMNS)})
+        return columns, eta and eta["in_flight_until_s"]
 
-    def _barrier_wait_forecast(self, vid: str) -> dict[str, float | None]:
+    def _barrier_wait_forecast(self, vid: str, in_flight_at_ms: int | None = None) -> tuple[dict[str, float | None], float | None]:
         """When the first checkpoint fails on the trend of a vertex's barrier wait (largest start
         delay plus largest alignment) over its last checkpoints, completed or failed."""
         waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]
-        eta = failure_eta(waits, self.status.get("checkpoint_timeout_ms"), self._cadence())
-        return _floats(_forecast_columns(eta, BARRIER_WAIT_FORECAST_COLUMNS))
+        eta = failure_eta(waits, self.status.get("checkpoint_timeout_ms"), self._cadence(), in_flight_at_ms)
+        return _floats(_forecast_columns(eta, BARRIER_WAIT_FORECAST_COLUMNS)), eta and eta["in_flight_until_s"]
+
+    def _forecast_at(self, key: tuple, version: tuple, compute: Callable[..., tuple], argument: str,
+                     columns: tuple[str, str, str, str], ts: int, since_s: float) -> dict[str, float | None]:
+        """A timeout forecast's columns at ``ts``: made at the last checkpoint's end and counted
+        down from it, made again where the checkpoint in flight has run past the end its trend
+        gave it (it lasts at least until ``ts``)."""
+        forecast, in_flight_until_s = self._memoised(key, version, compute, argument)
+        if (in_flight_until_s is not None and since_s > in_flight_until_s
+                and (self.status.get("checkpoints_in_progress") or 0) >= 1):
+            forecast, _ = compute(argument, ts)
+        return _aged(forecast, columns, since_s)
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
         """The job features of its status polls."""

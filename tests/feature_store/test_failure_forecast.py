@@ -116,3 +116,40 @@ def test_a_take_off_is_a_trend_from_its_third_point_so_the_next_checkpoint_can_b
     eta = failure_eta(waits, 60_000, cadence_of(checkpoints, 3000))
     assert (eta["eta_s"] == pytest.approx(60.0, abs=0.5)) is next_fails
     assert eta["eta_low_s"] <= eta["eta_s"] <= eta["eta_high_s"]
+
+
+def _stepped_expiry(last_ms, slope, limit_ms, trigger_ms):
+    """Back to back on a trend linear in end time (``last_ms`` at the last end, ``slope`` per ms):
+    a checkpoint triggered at T takes d = (last + slope T) / (1 - slope); the expiry of the first
+    that reaches the limit."""
+    while True:
+        duration = (last_ms + slope * trigger_ms) / (1 - slope)
+        if duration >= limit_ms:
+            return trigger_ms + limit_ms
+        trigger_ms += duration
+
+
+def test_a_checkpoint_still_in_flight_past_its_trend_lasts_at_least_until_then():
+    # Each checkpoint 1.2 times the last, back to back: durations linear in end time, slope 1/6.
+    # The trend gives the checkpoint in flight 891 ms; seen still running at 1.5 s, it ends later,
+    # every later one starts later on the trend, and the one that fails comes a checkpoint sooner.
+    durations = [100 * 1.2 ** k for k in range(12)]
+    checkpoints = _back_to_back(durations)
+    cadence = cadence_of(checkpoints, 100)
+    points = [[c[0], c[2]] for c in checkpoints]
+    limit, last, slope = 2000, durations[-1], 1 / 6
+    plain = failure_eta(points, limit, cadence)
+    assert plain["eta_s"] * 1000 == pytest.approx(_stepped_expiry(last, slope, limit, 0.0), rel=1e-6)
+    assert plain["in_flight_until_s"] * 1000 == pytest.approx(last / (1 - slope), rel=1e-6)
+
+    late = failure_eta(points, limit, cadence, in_flight_at_ms=checkpoints[-1][0] + 1500)
+    expected = _stepped_expiry(last, slope, limit, 1500.0)
+    assert late["eta_s"] * 1000 == pytest.approx(expected, rel=1e-6) and expected < plain["eta_s"] * 1000 - 500
+    assert late["in_flight_until_s"] == pytest.approx(1.5)
+    # The trend no longer says when it ends: it may complete until just before its own expiry
+    # (and the JobManager has a second to report the failure).
+    assert late["eta_high_s"] * 1000 == pytest.approx(_stepped_expiry(last, slope, limit, limit - 1.0) + 1000, rel=1e-6)
+
+    # Running for longer than the timeout, it has expired: the failure is due at its expiry.
+    expired = failure_eta(points, limit, cadence, in_flight_at_ms=checkpoints[-1][0] + limit + 300)
+    assert expired["eta_s"] * 1000 == pytest.approx(limit)

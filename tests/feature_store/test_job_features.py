@@ -446,6 +446,14 @@ def test_a_barrier_wait_that_grows_is_forecast_to_fail_a_checkpoint_against_the_
     later = rows_at(events + [status(T0 + 65_000, interval=5000, timeout=60_000)], vertex=V1)
     assert later["barrier_wait_timeout_eta_s"] == pytest.approx(176.587, abs=0.01)
     assert rows_at(events)["barrier_wait_timeout_eta_s"] is None  # a vertex's, not the job's
+    # 40 s after the last end, the checkpoint triggered at 4 s (its trend: 27.4 s) still in flight:
+    # it ends at 40 s at the earliest, the next waits (18 + 0.3 x 40) / 0.7 = 42.9 s and completes,
+    # the one triggered at 82.9 s would wait 61.2 s: it expires at 142.9 s, 102.9 s from the row.
+    in_flight = rows_at(events + [status(T0 + 95_000, in_progress=1, interval=5000, timeout=60_000)], vertex=V1)
+    assert in_flight["barrier_wait_timeout_eta_s"] == pytest.approx(102.857, abs=0.01)
+    # With none in flight (a pause, a job not triggering), the forecast is only counted down.
+    idle = rows_at(events + [status(T0 + 95_000, in_progress=0, interval=5000, timeout=60_000)], vertex=V1)
+    assert idle["barrier_wait_timeout_eta_s"] == pytest.approx(146.587, abs=0.01)
     # A flat wait, or no timeout known: no forecast.
     flat = [status(T0 - 1000)] + [checkpoint(T0 + i * 5000, 100, delays=[10, 1000]) for i in range(12)]
     assert rows_at(flat, vertex=V1)["barrier_wait_timeout_eta_s"] is None
