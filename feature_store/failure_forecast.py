@@ -138,12 +138,13 @@ def _first_expiry(trend: Trend, limit: float, cadence: Cadence, running: float |
     delays the next trigger, or expires itself."""
     trigger = _next_trigger(cadence)
     duration = _settled(trend, trigger, limit)
-    if running is not None and running > trigger:
+    in_flight = running is not None and running > trigger
+    if in_flight:
         duration = max(duration, running - trigger)
     first_end = trigger + min(duration, limit)
     if duration >= limit:
         return trigger + limit, first_end
-    if running is not None and running > trigger:
+    if in_flight:
         trigger = max(trigger + cadence.interval_ms, first_end + cadence.pause_ms)
     return _expiry_from(trend, limit, cadence, trigger), first_end
 

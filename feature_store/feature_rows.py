@@ -180,7 +180,7 @@ class FeatureRows:
         return self._memoised(("cadence", JOB), self._forecast_version(),
                               lambda _: cadence_of(self.checkpoints, self.status.get("checkpoint_interval_ms")), JOB)
 
-    def _timeout_forecast(self, _: str, in_flight_at_ms: int | None = None) -> tuple[dict[str, float | None], float | None]:
+    def _timeout_forecast(self, _: str, in_flight_at_ms: int | None = None) -> tuple[dict, float | None]:
         """When the first checkpoint fails on the trend of completed checkpoints' duration (and
         when the checkpoint triggered next ends on it)."""
         timeout = self.status.get("checkpoint_timeout_ms")
@@ -188,7 +188,7 @@ class FeatureRows:
         columns = _floats({"checkpoint_timeout_ms": timeout, **_forecast_columns(eta, TIMEOUT_FORECAST_COLUMNS)})
         return columns, eta and eta["in_flight_until_s"]
 
-    def _barrier_wait_forecast(self, vid: str, in_flight_at_ms: int | None = None) -> tuple[dict[str, float | None], float | None]:
+    def _barrier_wait_forecast(self, vid: str, in_flight_at_ms: int | None = None) -> tuple[dict, float | None]:
         """When the first checkpoint fails on the trend of a vertex's barrier wait (largest start
         delay plus largest alignment) over its last checkpoints, completed or failed."""
         waits = [[w[0], barrier_wait(w[1], w[2])] for w in self.barrier_waits.get(vid, [])]

@@ -194,10 +194,10 @@ def recent_trend_since(points: Sequence[Sequence[float]], min_points: int = RECE
     ``((slope, half_width, value_now, n), first)``, per second, with the 95 % half-width of the slope
     (widened for autocorrelated residuals) and the fitted value at the last point. A line with a
     bend (a hinge) is fitted, the bend anywhere that leaves at least :data:`RECENT_MIN_SPAN_MS`
-    and ``min_points`` from it on (the bend's own included); where the bend explains the data better than a
-    straight line (an F-test), the segment after it is the trend, else the whole line. A metric
-    that grew and then stopped (or took off) reads as such a few points after, not once the
-    window has forgotten its past."""
+    and ``min_points`` from it on (the bend's own included); where the bend explains the data
+    better than a straight line (an F-test), the segment after it is the trend, else the whole
+    line. A metric that grew and then stopped (or took off) reads as such a few points after, not
+    once the window has forgotten its past."""
     pts = [(p[0], p[1]) for p in points if p[1] is not None]
     n = len(pts)
     if n < 3 or pts[-1][0] <= pts[0][0]:
