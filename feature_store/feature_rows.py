@@ -199,11 +199,12 @@ class FeatureRows:
                      columns: tuple[str, str, str, str], ts: int, since_s: float) -> dict[str, float | None]:
         """A timeout forecast's columns at ``ts``: made at the last checkpoint's end and counted
         down from it, made again where the checkpoint in flight has run past the end its trend
-        gave it (it lasts at least until ``ts``)."""
+        gave it (it lasts at least until ``ts``), once for each status poll that still reports it."""
         forecast, in_flight_until_s = self._memoised(key, version, compute, argument)
         if (in_flight_until_s is not None and since_s > in_flight_until_s
                 and (self.status.get("checkpoints_in_progress") or 0) >= 1):
-            forecast, _ = compute(argument, ts)
+            forecast, _ = self._memoised(("in flight", *key), (version, self._status_seq),
+                                         lambda _: compute(argument, ts), argument)
         return _aged(forecast, columns, since_s)
 
     def _job_status_features(self, _: str) -> dict[str, float | None]:
