@@ -145,8 +145,9 @@ def _first_expiry(trend: Trend, limit: float, cadence: Cadence, running: float |
     if duration >= limit:
         return trigger + limit, first_end
     if in_flight:
-        trigger = max(trigger + cadence.interval_ms, first_end + cadence.pause_ms)
-    return _expiry_from(trend, limit, cadence, trigger), first_end
+        following = max(trigger + cadence.interval_ms, first_end + cadence.pause_ms)
+        return _expiry_from(trend, limit, cadence, following), first_end
+    return _expiry_from(trend, limit, cadence, trigger, duration), first_end
 
 
 def _next_trigger(cadence: Cadence) -> float:
@@ -154,10 +155,14 @@ def _next_trigger(cadence: Cadence) -> float:
     return max(cadence.last_trigger_ms - cadence.last_end_ms + cadence.interval_ms, cadence.pause_ms)
 
 
-def _expiry_from(trend: Trend, limit: float, cadence: Cadence, trigger: float) -> float:
-    """:func:`_first_expiry`'s answer from the checkpoint triggered at ``trigger`` on."""
+def _expiry_from(trend: Trend, limit: float, cadence: Cadence, trigger: float,
+                 duration: float | None = None) -> float:
+    """:func:`_first_expiry`'s answer from the checkpoint triggered at ``trigger`` on (taking
+    ``duration`` on the trend, where the caller has it)."""
     on_interval = min(limit, cadence.interval_ms - cadence.pause_ms)  # the longest a checkpoint on the interval takes
-    if on_interval > 0 and _settled(trend, trigger, limit) < on_interval:
+    if duration is None:
+        duration = _settled(trend, trigger, limit)
+    if on_interval > 0 and duration < on_interval:
         # A checkpoint triggered at T takes at least d where the metric reaches d by T + d.
         behind = trend.reaching(on_interval) - on_interval - trigger
         trigger += max(0.0, math.ceil(behind / cadence.interval_ms)) * cadence.interval_ms
