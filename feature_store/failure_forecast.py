@@ -180,9 +180,16 @@ def _expiry_from(trend: Trend, limit: float, cadence: Cadence, trigger: float,
 
 def _settled(trend: Trend, trigger: float, limit: float) -> float:
     """The duration of a checkpoint triggered at ``trigger`` on a trend read at its end: ``d =
-    trend(trigger + d)``, iterated from below with Aitken's extrapolation of the steps (exact on
-    a line); ``limit`` where the steps do not shrink (the metric outgrows the time it takes)."""
+    trend(trigger + d)``; ``limit`` where the metric outgrows the time it takes. On a line that is
+    ``trend(trigger) / (1 - rate)``; an exponential is iterated from below with Aitken's
+    extrapolation of the steps."""
     duration = max(0.0, trend.at(trigger))
+    if not trend.exponential:
+        if duration <= 0.0 or duration >= limit:
+            return duration
+        if trend.rate >= 1.0:
+            return limit
+        return duration / (1.0 - trend.rate)
     for _ in range(SETTLE_ROUNDS):
         if duration >= limit:
             return duration

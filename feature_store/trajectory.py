@@ -222,26 +222,30 @@ def recent_trend_since(points: Sequence[Sequence[float]], min_points: int = RECE
     spread = after_squares - after_sum * after_sum / n - after_tc * after_tc / line.sxx
     explained = np.divide((after @ line.residuals) ** 2, spread, out=np.zeros_like(spread), where=spread > 0)
     i = int(np.argmax(explained))
-    b, hinge = i + 1, after[i]
-    t_sum = t.sum()
-    normal = np.array([[n, t_sum, after_sum[i]], [t_sum, t @ t, after_t[i]], [after_sum[i], after_t[i], after_squares[i]]])
-    try:
-        beta = np.linalg.solve(normal, np.array([y.sum(), t @ y, hinge @ y]))
-        inverse = np.linalg.inv(normal)
-    except np.linalg.LinAlgError:
+    if spread[i] <= 0:
         return _line_trend(line, n), 0
-    r = y - beta[0] - beta[1] * t - beta[2] * hinge
-    rss = float((r * r).sum())
+    # The hinge about its mean: the fit's intercept is the mean, and its slope and the hinge's step
+    # solve the centred 2 x 2 normal equations (better conditioned than the raw 3 x 3 ones).
+    b, hinge_mean = i + 1, float(after_sum[i]) / n
+    hinge = after[i] - hinge_mean
+    cross, squares = float(after_tc[i]), float(hinge @ hinge)
+    det = line.sxx * squares - cross * cross
+    if det <= 0:
+        return _line_trend(line, n), 0
+    ty, hy = float(line.tc @ y), float(hinge @ y)
+    before, step = (squares * ty - cross * hy) / det, (line.sxx * hy - cross * ty) / det
+    r = (y - line.y_mean) - before * line.tc - step * hinge
+    rss = float(r @ r)
     floor = n * (BEND_NOISE_FLOOR * (float(np.abs(y).sum()) / n)) ** 2
     if line.rss <= max(rss, floor) * (1.0 + t95(n - 3) ** 2 / (n - 3)):
         return _line_trend(line, n), 0  # no bend the data insist on: the whole window's line
-    # The slope after the bend is beta[1] + beta[2]; its variance from the covariance of both.
-    cov = inverse * max(rss, floor) / (n - 3)
+    # The slope after the bend is before + step; its variance from the covariance of both.
     tail = r[b:]
     rho = _autocorrelation(tail, float(tail @ tail))
-    variance = (cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho)
-    slope = float(beta[1] + beta[2])
-    now = float(beta[0] + beta[2] * (0.0 - t[b]))  # the fit at t = 0 (the last point), past the bend
+    variance = (squares + line.sxx - 2 * cross) / det * max(rss, floor) / (n - 3) * (1 + rho) / (1 - rho)
+    slope = before + step
+    # The fit at t = 0 (the last point), past the bend.
+    now = float(line.y_mean - before * line.t_mean + step * (-float(t[b]) - hinge_mean))
     return (slope, t95(n - 3) * math.sqrt(max(variance, 0.0)), now, n), b
 
 

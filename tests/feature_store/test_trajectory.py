@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from feature_store.trajectory import (GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS, TRAJECTORY_POINTS,
+from feature_store.trajectory import (BEND_NOISE_FLOOR, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS, TRAJECTORY_POINTS,
                                       fills_toward_plateau, growth_bounds, halve, line_eta_band, recent_growth_low,
                                       recent_trend_since, t95,
                                       t999, trajectory_fit, window)
@@ -92,22 +92,32 @@ def test_the_bend_of_the_recent_trend_is_the_best_fitting_one_and_its_line_the_l
     stop, rate, after = rng.uniform(20, 70), rng.uniform(500, 5_000), rng.choice([0.0, 0.2, 3.0])
     points = series(lambda t, r: 1 * MB + rate * min(t, stop) + rate * after * max(t - stop, 0) + 300 * r.gauss(0, 1),
                     100, 2.0, seed)
-    (slope, _, now, n), bend = recent_trend_since(points)
+    (slope, half, now, n), bend = recent_trend_since(points)
     assert n == len(points) and bend > 0
     t = (np.array([p[0] for p in points], dtype="float64") - points[-1][0]) / 1000.0
     y = np.array([p[1] for p in points], dtype="float64")
 
+    def design(b):
+        return np.stack([np.ones(len(t)), t, np.maximum(t - t[b], 0.0)], axis=1)
+
     def fit(b):
-        x = np.stack([np.ones(len(t)), t, np.maximum(t - t[b], 0.0)], axis=1)
-        beta, *_ = np.linalg.lstsq(x, y, rcond=None)
-        return float(((y - x @ beta) ** 2).sum()), beta
+        beta, *_ = np.linalg.lstsq(design(b), y, rcond=None)
+        return float(((y - design(b) @ beta) ** 2).sum()), beta
 
     allowed = [b for b in range(1, len(t) - 3) if t[b] <= t[-1] - 15]
     best = min(allowed, key=lambda b: fit(b)[0])
-    beta = fit(best)[1]
+    rss, beta = fit(best)
     assert bend == best
     assert slope == pytest.approx(beta[1] + beta[2], rel=1e-9, abs=1e-6)
     assert now == pytest.approx(beta[0] - beta[2] * t[best], rel=1e-12)
+    # Its 95 % half-width: the OLS covariance of both slopes (the noise floored), widened for the
+    # autocorrelation of the residuals after the bend.
+    floor = n * (BEND_NOISE_FLOOR * float(np.abs(y).mean())) ** 2
+    cov = np.linalg.inv(design(best).T @ design(best)) * max(rss, floor) / (n - 3)
+    tail = (y - design(best) @ beta)[best:]
+    rho = min(0.9, max(0.0, float(tail[1:] @ tail[:-1]) / float(tail @ tail)))
+    expected = t95(n - 3) * math.sqrt((cov[1, 1] + cov[2, 2] + 2 * cov[1, 2]) * (1 + rho) / (1 - rho))
+    assert half == pytest.approx(expected, rel=1e-6)
     assert slope == pytest.approx(rate * after, rel=0.25, abs=60)
 
 
