@@ -308,6 +308,7 @@ def stop_process_group(pid: int, timeout_s: float = 15.0) -> None:
             _reap(pid)
             time.sleep(0.1)
         if not _pid_alive(pid):
+            _reap(pid)  # a child of this process stays in its group, a zombie, until it is reaped
             return
 
 

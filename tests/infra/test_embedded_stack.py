@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import urllib.request
 
 import pytest
 
-from infra.embedded_stack import EmbeddedStack, StackError, free_port, port_in_use
+from infra.embedded_stack import EmbeddedStack, StackError, free_port, port_in_use, stop_process_group
 from tests.conftest import config_for
 
 
@@ -69,3 +71,13 @@ def test_a_stale_pid_record_is_cleaned_up(tmp_path):
     (stack.run_dir / "broker.json").write_text('{"pid": 1, "address": "127.0.0.1:1", "log": "x"}')
     assert stack.down()[1] == "broker: was not running (stale record removed)"
     assert not (stack.run_dir / "broker.json").exists()
+
+
+def test_a_stopped_process_group_this_process_started_leaves_no_zombie_in_its_group():
+    # A Flink cluster the lab started in this process: its leader, once stopped, must be reaped here,
+    # or its group (which the lab waits to see gone) lives on as a zombie.
+    leader = subprocess.Popen(["bash", "-c", "sleep 300 & exec sleep 300"], start_new_session=True)
+    stop_process_group(leader.pid)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(leader.pid, os.WNOHANG)  # already reaped
+    leader.poll()
