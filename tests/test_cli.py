@@ -1,4 +1,7 @@
-"""The `sentinel` command as a user runs it: a separate process, its exit code and its words."""
+"""The `sentinel` command as a user runs it: a separate process, its exit code and its words.
+
+Its backtests against the test run's champions (`replay`, `evaluate`) are in test_cli_backtests.py:
+those wait for the champions' training, these do not."""
 
 from __future__ import annotations
 
@@ -110,42 +113,6 @@ def test_run_without_any_model_says_to_train_first(broker_config, tmp_path):
     assert result.returncode == 1
     assert "no model has the alias 'champion'" in result.stderr and "sentinel train" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_replay_backtests_the_champions_on_a_recording(trained_store, tmp_path):
-    from pipelines import simulator
-
-    recording = tmp_path / "seed000.jsonl"
-    job = simulator.simulate_job("leak_seed000", seed=3)
-    simulator.write_jsonl(recording, job.events)
-    truth = tmp_path / "truth.jsonl"
-    simulator.write_jsonl(truth, [job.truth])
-    with recording.open("a") as out:
-        out.write("{not json\n")
-    result = run_sentinel("replay", str(recording), "--out", str(tmp_path / "incidents.jsonl"), "--truth", str(truth),
-                          env={"SENTINEL_STATE_DIR": str(tmp_path / "state"),
-                               "SENTINEL_MLFLOW__TRACKING_URI": trained_store.mlflow.tracking_uri,
-                               "SENTINEL_MLFLOW__REGISTRY_URI": trained_store.mlflow.registry_uri}, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "injected faults: 1   detected: 1   missed: 0" in result.stdout
-    assert "1 unusable lines" in result.stdout
-    letters = (tmp_path / "incidents.dead_letters.jsonl").read_text().splitlines()
-    assert len(letters) == 1 and '"malformed_json"' in letters[0]
-    assert (tmp_path / "incidents.jsonl").read_text().count('"state_leak"') >= 1
-
-
-def test_evaluate_judges_chosen_lab_runs_next_to_the_static_alarms(trained_store, tmp_path):
-    runs = ["healthy_ttl-ttl150-hashmap-p1-r100-i3000", "leak_start-hashmap-filesystem-p1-r250-b100-i1000"]
-    result = run_sentinel("evaluate", "--run", runs[0], "--run", runs[1], "--report", str(tmp_path / "report"),
-                          env={"SENTINEL_STATE_DIR": str(tmp_path / "state"),
-                               "SENTINEL_MLFLOW__TRACKING_URI": trained_store.mlflow.tracking_uri,
-                               "SENTINEL_MLFLOW__REGISTRY_URI": trained_store.mlflow.registry_uri}, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    table = [line for line in result.stdout.splitlines() if line.startswith(tuple(runs))]
-    assert len(table) == 2 and "healthy" in table[0] and "state_leak" in table[1]
-    assert "static: found" in result.stdout and "healthy runs: 1;" in result.stdout
-    assert (tmp_path / "report" / "index.md").is_file()
-    assert sorted(p.name for p in (tmp_path / "report" / "plots").iterdir()) == sorted(f"{r}.png" for r in runs)
 
 
 def test_replay_of_a_missing_file_says_which(tmp_path):
