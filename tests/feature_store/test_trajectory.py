@@ -8,10 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from feature_store.trajectory import (BEND_NOISE_FLOOR, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS, TRAJECTORY_POINTS,
-                                      fills_toward_plateau, growth_bounds, halve, line_eta_band, recent_growth_low,
-                                      recent_trend_since, t95,
-                                      t999, trajectory_fit, window)
+from feature_store.trajectory import (BEND_NOISE_FLOOR, GROWTH_MIN_POINTS, GROWTH_WINDOW_MS, OPENING_MIN_POINTS,
+                                      TRAJECTORY_POINTS, fills_toward_plateau, growth_bounds, halve, line_eta_band,
+                                      recent_growth_low, recent_trend_since, t95, t999, trajectory_fit, window)
 
 MB = 1024 * 1024
 
