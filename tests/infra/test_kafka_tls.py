@@ -116,7 +116,7 @@ def _assert_no_secret(outputs: list[subprocess.CompletedProcess], state_dir: Pat
 def test_selfcheck_and_the_collector_work_over_mutual_tls(tls_kafka, tmp_path):
     env = _tls_environment(tls_kafka, tmp_path, SENTINEL_TOPICS__INPUT=f"metrics-{uuid.uuid4().hex[:8]}")
     selfcheck = run_sentinel("selfcheck", "--events", "300", env=env, timeout=300)
-    assert selfcheck.returncode == 0, selfcheck.stderr[-3000:]
+    assert selfcheck.returncode == 0, selfcheck.stdout[-2000:] + selfcheck.stderr[-3000:]  # its verdict is on stdout
     assert "round trip OK: sent 300 events" in selfcheck.stdout
 
     with RecordedFlink(recorded_polls("leak")) as flink:
