@@ -328,7 +328,7 @@ class FeatureRows:
         if cached is None or cached[0] != stamp:
             cached = self.trajectory_fits[key] = [stamp, growth.trajectory_fit(_state_series(self.trajectory, key))]
         fit = cached[1]
-        filling = growth.fills_toward_plateau(fit, bounds)
+        filling = growth.fills_toward_plateau(fit, bounds, recent)
         return {f"{prefix}growth_low_per_h": bounds.low if bounds else None,
                 f"{prefix}growth_high_per_h": bounds.high if bounds else None,
                 f"{prefix}growth_opening_low_per_h": opening.opening_low if opening else None,

@@ -51,6 +51,7 @@ SATURATING_SSE_RATIO = 0.5  # the curve must leave at most half the line's squar
 PLATEAU_WITHIN = 0.01  # "levelled off": within 1 % of the asymptote
 # Linear growth beside the curve that makes it a leak after all: the leak rule's minimum growth.
 LINEAR_BESIDE_PER_H = 0.05
+CURVE_GROWTH_FACTOR = 1.5  # a fill's growth now is the curve's within this factor either way (or 5 %/h)
 BESIDE_SHARE = 0.5  # of the curve's growth now
 FINE_TAUS = 25  # the time constants tried between the grid's neighbours of its best
 NOISE_FLOOR = 0.002  # of the state's mean, for the curve's fits
@@ -314,17 +315,24 @@ def trajectory_fit(points: Sequence[Sequence[float]]) -> dict | None:
             "curve_growth_per_h": growth_now}
 
 
-def fills_toward_plateau(fit: dict | None, growth: tuple[float, float, float] | None) -> bool:
+def fills_toward_plateau(fit: dict | None, growth: GrowthBounds | None, recent_low: float | None = None) -> bool:
     """Whether the state is filling toward the curve's plateau: the history saturates and the
-    growth now (:func:`growth_bounds` over the recent window) is no faster than the curve says
-    (at most half as fast again, or 5 %/h more). Growth that goes on at its pace after the curve
-    has bent (a slow leak after a TTL warm-up) is not a fill."""
+    growth now (:func:`growth_bounds` over the recent window) is what the curve says. Not
+    certainly faster (at most half as fast again, or 5 %/h more): a leak outgrowing a fill. Nor,
+    while it still grows at a pace it has held since its last change of pace (``recent_low``,
+    :func:`recent_growth_low`, above zero), certainly slower (the curve's at most half as fast
+    again, or 5 %/h more): the curve bent through a kink, a TTL warm-up's end, that a slow leak
+    goes on after at its own pace. A fill slows down with its curve; after a kink into a
+    plateau the state stops growing."""
     if not fit or not fit["saturating"]:
         return False
     if growth is None:
         return True
     expected = fit["curve_growth_per_h"]
-    return growth[1] <= max(1.5 * expected, expected + LINEAR_BESIDE_PER_H)
+    if growth.low > max(CURVE_GROWTH_FACTOR * expected, expected + LINEAR_BESIDE_PER_H):
+        return False
+    steady = recent_low is not None and recent_low > 0.0 and growth.low >= LINEAR_BESIDE_PER_H
+    return not (steady and growth.high < expected / CURVE_GROWTH_FACTOR - LINEAR_BESIDE_PER_H)
 
 
 def _with_line(t: np.ndarray, y: np.ndarray, taus: np.ndarray, mean: float) -> tuple[np.ndarray, np.ndarray] | None:

@@ -150,6 +150,28 @@ def test_linear_growth_and_a_leak_beside_a_fill_are_not_fills():
     assert not fills_toward_plateau(fit, growth_bounds(window(leak_on_fill, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)))
 
 
+def leak_verdict(points) -> bool:
+    """Growing certainly enough to open a leak, and not a fill (the history's curve and the growth now)."""
+    recent = window(points, GROWTH_WINDOW_MS, GROWTH_MIN_POINTS)
+    filling = fills_toward_plateau(trajectory_fit(thinned(points)), growth_bounds(recent), recent_growth_low(recent))
+    return growing(points, to_open=True) and not filling
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_slow_leak_after_a_ttl_warm_up_is_no_fill_within_a_minute_of_its_horizon_and_its_healthy_twin_never_leaks(seed):
+    # A 180 s TTL over 10 KB/s of new keys: linear until the first keys expire, then flat; in the
+    # leak a fifth of them is kept forever, so the state goes on at 2 KB/s after the kink. The
+    # curve bends through the kink and says the growth slows on; the leak's does not.
+    ttl, rate = 180.0, 10_000.0
+    leak = series(lambda t, r: (0.8 * rate * min(t, ttl) + 0.2 * rate * t) * (1 + 0.002 * r.gauss(0, 1)), 600, 3.0,
+                  seed=seed)
+    twin = series(lambda t, r: 0.8 * rate * min(t, ttl) * (1 + 0.002 * r.gauss(0, 1)), 600, 3.0, seed=seed)
+    horizon_checkpoints = int((ttl + 60) / 3.0)  # the operator's horizon: the TTL and a minute
+    deadline = horizon_checkpoints + 20  # and a minute more
+    assert any(leak_verdict(leak[:i]) for i in range(horizon_checkpoints, deadline))
+    assert not any(leak_verdict(twin[:i]) for i in range(horizon_checkpoints, len(twin)))
+
+
 def test_a_history_too_short_says_nothing_of_its_shape():
     assert trajectory_fit(series(lambda t, r: 1e6 + t, 60, 3.0)) is None
     assert not fills_toward_plateau(None, (1.0, 0.5, 1.5))
