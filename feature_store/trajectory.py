@@ -320,10 +320,10 @@ def fills_toward_plateau(fit: dict | None, growth: GrowthBounds | None, recent_l
     growth now (:func:`growth_bounds` over the recent window) is what the curve says. Not
     certainly faster (at most half as fast again, or 5 %/h more): a leak outgrowing a fill. Nor,
     while it still grows at a pace it has held since its last change of pace (``recent_low``,
-    :func:`recent_growth_low`, above zero), certainly slower (the curve's at most half as fast
-    again, or 5 %/h more): the curve bent through a kink, a TTL warm-up's end, that a slow leak
-    goes on after at its own pace. A fill slows down with its curve; after a kink into a
-    plateau the state stops growing."""
+    :func:`recent_growth_low`, above zero), certainly slower (the curve's growth more than half
+    as fast again as the window's upper bound and 5 %/h more): the curve bent through a kink, a
+    TTL warm-up's end, that a slow leak goes on after at its own pace. A fill slows down with
+    its curve; after a kink into a plateau the state stops growing."""
     if not fit or not fit["saturating"]:
         return False
     if growth is None:
